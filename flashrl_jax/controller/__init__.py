@@ -1,0 +1,1 @@
+"""flashrl_jax.controller (filled in by its issue)."""

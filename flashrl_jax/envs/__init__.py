@@ -1,0 +1,1 @@
+"""flashrl_jax.envs (filled in by its issue)."""

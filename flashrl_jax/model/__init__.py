@@ -1,0 +1,1 @@
+"""flashrl_jax.model (filled in by its issue)."""

@@ -1,0 +1,1 @@
+"""flashrl_jax.rollout (filled in by its issue)."""
