@@ -1,1 +1,16 @@
-"""flashrl_jax.model (filled in by its issue)."""
+"""The decoder LM (Qwen3 / Qwen2.5 / Llama 3) in Flax NNX, its KV cache, log-probs and HF I/O."""
+
+from flashrl_jax.model._cache import KVCache
+from flashrl_jax.model._config import Family, Llama3RopeScaling, ModelConfig
+from flashrl_jax.model._decoder import Decoder
+from flashrl_jax.model._hf_io import (hf_tensors, load_hf, load_hf_state, read_config, save_hf,
+                                      tensor_map, write_hf_dir)
+from flashrl_jax.model._layers import ShardFn, no_shard
+from flashrl_jax.model._logprobs import token_logprobs
+from flashrl_jax.model._tokenizer import Tokenizer, char_tokenizer, load_tokenizer
+
+__all__ = [
+    "Decoder", "Family", "KVCache", "Llama3RopeScaling", "ModelConfig", "ShardFn", "Tokenizer",
+    "char_tokenizer", "hf_tensors", "load_hf", "load_hf_state", "load_tokenizer", "no_shard",
+    "read_config", "save_hf", "tensor_map", "token_logprobs", "write_hf_dir",
+]

@@ -1,1 +1,5 @@
-"""flashrl_jax.testing (filled in by its issue)."""
+"""Tiny models and fixtures shared by tests, demos and benchmarks (no downloads)."""
+
+from flashrl_jax.testing._tiny import tiny_config, tiny_model, write_tiny_checkpoint
+
+__all__ = ["tiny_config", "tiny_model", "write_tiny_checkpoint"]

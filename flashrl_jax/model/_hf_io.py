@@ -1,0 +1,234 @@
+"""HF safetensors I/O: one declarative mapping table per family, one generic loader and saver.
+
+The same table drives import (`load_hf`), export for rollout servers (`save_hf`, what SGLang's
+`/update_weights_from_disk` and `transformers.from_pretrained` read) and the round-trip tests. A
+`Linear` entry records how many leading axes of our kernel are inputs: our kernels are
+`[in..., out...]` (e.g. q_proj `[embed, heads, head_dim]`), HF's are `[prod(out), prod(in)]`.
+Loading is all-or-nothing: a missing, unexpected or misshapen tensor is an error that names it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from flashrl_jax.model._config import Family, ModelConfig
+from flashrl_jax.model._decoder import Decoder
+from flashrl_jax.model._layers import ShardFn, no_shard
+
+
+@dataclasses.dataclass(frozen=True)
+class Linear:
+  num_in_axes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Direct:
+  """Same values; `flatten` when HF stores a bias as `[heads*head_dim]` and we as `[heads, head_dim]`."""
+
+  flatten: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMap:
+  hf_name: str
+  path: tuple[str | int, ...]
+  kind: Linear | Direct
+
+
+_LAYER = [  # (hf suffix, path under layers[i], kind, families)
+    ("self_attn.q_proj.weight", ("attn", "q_proj"), Linear(1), None),
+    ("self_attn.k_proj.weight", ("attn", "k_proj"), Linear(1), None),
+    ("self_attn.v_proj.weight", ("attn", "v_proj"), Linear(1), None),
+    ("self_attn.o_proj.weight", ("attn", "o_proj"), Linear(2), None),
+    ("self_attn.q_proj.bias", ("attn", "q_bias"), Direct(flatten=True), {Family.QWEN2}),
+    ("self_attn.k_proj.bias", ("attn", "k_bias"), Direct(flatten=True), {Family.QWEN2}),
+    ("self_attn.v_proj.bias", ("attn", "v_bias"), Direct(flatten=True), {Family.QWEN2}),
+    ("self_attn.q_norm.weight", ("attn", "q_norm", "scale"), Direct(), {Family.QWEN3}),
+    ("self_attn.k_norm.weight", ("attn", "k_norm", "scale"), Direct(), {Family.QWEN3}),
+    ("mlp.gate_proj.weight", ("mlp", "gate_proj"), Linear(1), None),
+    ("mlp.up_proj.weight", ("mlp", "up_proj"), Linear(1), None),
+    ("mlp.down_proj.weight", ("mlp", "down_proj"), Linear(1), None),
+    ("input_layernorm.weight", ("input_norm", "scale"), Direct(), None),
+    ("post_attention_layernorm.weight", ("post_attn_norm", "scale"), Direct(), None),
+]
+
+# Buffers some HF versions write that carry no parameters.
+_IGNORABLE = re.compile(r".*rotary_emb\.inv_freq$")
+
+
+def tensor_map(config: ModelConfig) -> list[TensorMap]:
+  """The full HF-name <-> NNX-path table for `config`."""
+  entries = [TensorMap("model.embed_tokens.weight", ("embed",), Direct()),
+             TensorMap("model.norm.weight", ("final_norm", "scale"), Direct())]
+  if not config.tie_word_embeddings:
+    entries.append(TensorMap("lm_head.weight", ("lm_head",), Linear(1)))
+  for i in range(config.num_layers):
+    for suffix, path, kind, families in _LAYER:
+      if families is None or config.family in families:
+        entries.append(TensorMap(f"model.layers.{i}.{suffix}", ("layers", i, *path), kind))
+  return entries
+
+
+def to_hf_array(value: np.ndarray, kind: Linear | Direct) -> np.ndarray:
+  if isinstance(kind, Linear):
+    n_in = math.prod(value.shape[:kind.num_in_axes])
+    return np.ascontiguousarray(value.reshape(n_in, -1).T)
+  return np.ascontiguousarray(value.reshape(-1) if kind.flatten else value)
+
+
+def from_hf_array(value: np.ndarray, kind: Linear | Direct, shape: tuple[int, ...]) -> np.ndarray:
+  if isinstance(kind, Linear):
+    return value.T.reshape(shape)
+  return value.reshape(shape)
+
+
+def _expected_hf_shape(shape: tuple[int, ...], kind: Linear | Direct) -> tuple[int, ...]:
+  if isinstance(kind, Linear):
+    return (math.prod(shape[kind.num_in_axes:]), math.prod(shape[:kind.num_in_axes]))
+  return (math.prod(shape),) if kind.flatten else tuple(shape)
+
+
+# --- reading ----------------------------------------------------------------------------------------
+
+def _safetensors_files(path: str) -> dict[str, str]:
+  """Tensor name -> file, from an index or a single `model.safetensors`."""
+  index = os.path.join(path, "model.safetensors.index.json")
+  single = os.path.join(path, "model.safetensors")
+  if os.path.exists(index):
+    with open(index) as f:
+      weight_map = json.load(f)["weight_map"]
+    return {name: os.path.join(path, file) for name, file in weight_map.items()}
+  if os.path.exists(single):
+    with safe_open(single, framework="numpy") as f:
+      return {name: single for name in f.keys()}
+  others = [f for f in os.listdir(path) if f.endswith((".bin", ".pt", ".pth", ".ckpt", ".pkl"))]
+  if others:
+    raise ValueError(f"{path} holds only non-safetensors weights {others}; flashrl_jax loads "
+                     "safetensors only (pickle-based formats are never read).")
+  raise FileNotFoundError(f"No model.safetensors or model.safetensors.index.json in {path}.")
+
+
+def _read_tensor(file: str, name: str) -> np.ndarray:
+  # framework="flax" handles bfloat16, which plain NumPy cannot describe; we go back to host NumPy.
+  with safe_open(file, framework="flax") as f:
+    return np.asarray(f.get_tensor(name))
+
+
+def read_config(path: str) -> ModelConfig:
+  config_file = os.path.join(path, "config.json")
+  if not os.path.exists(config_file):
+    raise FileNotFoundError(f"No config.json in {path}.")
+  with open(config_file) as f:
+    return ModelConfig.from_hf(json.load(f))
+
+
+def load_hf_state(path: str, config: ModelConfig, abstract_state: nnx.State,
+                  shardings: Any = None) -> nnx.State:
+  """Fills `abstract_state` (from `nnx.eval_shape`) from the safetensors in `path`."""
+  files = _safetensors_files(path)
+  table = tensor_map(config)
+  flat = dict(nnx.to_flat_state(abstract_state))
+  flat_shardings = dict(nnx.to_flat_state(shardings)) if shardings is not None else {}
+  wanted = {entry.hf_name for entry in table}
+  if config.tie_word_embeddings:
+    wanted.add("lm_head.weight")  # Some exporters write the tied head too; it is ignored.
+  unexpected = sorted(n for n in files if n not in wanted and not _IGNORABLE.match(n))
+  missing = sorted(e.hf_name for e in table if e.hf_name not in files)
+  if missing or unexpected:
+    raise ValueError(f"Checkpoint {path} does not match {config.family.architecture}: "
+                     f"missing tensors {missing[:8]}{'...' if len(missing) > 8 else ''}, "
+                     f"unexpected tensors {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}.")
+  for entry in table:
+    variable = flat[entry.path]
+    shape, dtype = variable.value.shape, variable.value.dtype
+    value = _read_tensor(files[entry.hf_name], entry.hf_name)
+    expected = _expected_hf_shape(shape, entry.kind)
+    if tuple(value.shape) != expected:
+      raise ValueError(f"Tensor {entry.hf_name} in {path} has shape {tuple(value.shape)}, "
+                       f"expected {expected} for this config.")
+    array = from_hf_array(value, entry.kind, shape).astype(dtype)
+    sharding = flat_shardings.get(entry.path)
+    sharding = getattr(sharding, "value", sharding)
+    flat[entry.path] = variable.replace(
+        jax.device_put(array, sharding) if sharding is not None else jnp.asarray(array))
+  return nnx.from_flat_state(flat)
+
+
+def load_hf(path: str, *, dtype=jnp.float32, compute_dtype=None, shard: ShardFn = no_shard,
+            shardings: Any = None) -> Decoder:
+  """Loads an HF checkpoint directory into a `Decoder` (weights in `dtype`).
+
+  `shardings`, when given, is a state-shaped pytree of `jax.sharding.Sharding` each tensor is placed
+  with as it is read (so no full copy lands on one device).
+  """
+  config = read_config(path)
+  compute_dtype = compute_dtype or dtype
+  abstract = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0), param_dtype=dtype,
+                                            dtype=compute_dtype, shard=shard))
+  graphdef, abstract_state = nnx.split(abstract)
+  return nnx.merge(graphdef, load_hf_state(path, config, abstract_state, shardings))
+
+
+# --- writing ----------------------------------------------------------------------------------------
+
+def hf_tensors(config: ModelConfig, state: nnx.State, dtype=None) -> dict[str, np.ndarray]:
+  """The HF-named host arrays of a model state (gathered from devices)."""
+  flat = dict(nnx.to_flat_state(state))
+  tensors = {}
+  for entry in tensor_map(config):
+    value = np.asarray(jax.device_get(flat[entry.path].value))
+    if dtype is not None:
+      value = value.astype(dtype)
+    tensors[entry.hf_name] = to_hf_array(value, entry.kind)
+  return tensors
+
+
+def write_hf_dir(config: ModelConfig, tensors: dict[str, np.ndarray], path: str, *,
+                 max_shard_bytes: int = 4 << 30) -> list[str]:
+  """Writes `config.json` and (sharded when large) safetensors into an existing dir; returns files."""
+  dtype_name = str(next(iter(tensors.values())).dtype)
+  shards: list[dict[str, np.ndarray]] = [{}]
+  size = 0
+  for name, value in tensors.items():
+    if shards[-1] and size + value.nbytes > max_shard_bytes:
+      shards.append({})
+      size = 0
+    shards[-1][name] = value
+    size += value.nbytes
+  written = []
+  if len(shards) == 1:
+    names = ["model.safetensors"]
+  else:
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+  for name, shard in zip(names, shards):
+    save_file(shard, os.path.join(path, name), metadata={"format": "pt"})
+    written.append(name)
+  if len(shards) > 1:
+    index = {"metadata": {"total_size": sum(v.nbytes for v in tensors.values())},
+             "weight_map": {t: n for n, s in zip(names, shards) for t in s}}
+    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+      json.dump(index, f, indent=1)
+    written.append("model.safetensors.index.json")
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(config.to_hf(dtype=dtype_name), f, indent=1)
+  written.append("config.json")
+  return written
+
+
+def save_hf(model: Decoder, path: str, *, dtype=None, max_shard_bytes: int = 4 << 30) -> list[str]:
+  """Writes `model` as an HF directory (config.json + safetensors, no pickle). Returns file names."""
+  os.makedirs(path, exist_ok=True)
+  tensors = hf_tensors(model.config, nnx.state(model, nnx.Param), dtype)
+  return write_hf_dir(model.config, tensors, path, max_shard_bytes=max_shard_bytes)

@@ -1,0 +1,137 @@
+"""Decoder building blocks: RMSNorm, grouped-query attention, SwiGLU MLP, and one decoder layer.
+
+Every parameter carries logical axis names in its `out_sharding` metadata (`embed`, `heads`,
+`kv_heads`, `head_dim`, `mlp`, `vocab`); nothing here knows about a mesh. Eager sharding is off so a
+model can be built anywhere; the trainer and the rollout engine map the names to a mesh with their
+own rules tables. Activations are annotated through `shard`, a callable the owner supplies (identity by
+default), so layers never read an ambient mesh.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from flashrl_jax.model._cache import KVCache
+from flashrl_jax.model._rope import apply_rope
+
+ShardFn = Callable[[jax.Array, Sequence[str | None]], jax.Array]
+
+
+def no_shard(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+  del names
+  return x
+
+
+def param(rngs: nnx.Rngs, init, shape, names, dtype) -> nnx.Param:
+  """A parameter annotated with logical axis names (no eager placement)."""
+  return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=tuple(names),
+                   eager_sharding=False)
+
+
+_normal = jax.nn.initializers.normal(0.02)
+
+
+class RMSNorm(nnx.Module):
+  """RMSNorm computed in float32, scaled after casting back (HF's order of operations)."""
+
+  def __init__(self, dim: int, eps: float, *, name: str, param_dtype, rngs: nnx.Rngs):
+    self.eps = eps
+    self.scale = param(rngs, jax.nn.initializers.ones, (dim,), (name,), param_dtype)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return self.scale[...].astype(x.dtype) * normed.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+  """Grouped-query attention with RoPE, optional qkv bias (Qwen2) and per-head q/k norm (Qwen3)."""
+
+  def __init__(self, *, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
+               qkv_bias: bool, qk_norm: bool, eps: float, inv_freq: np.ndarray, param_dtype,
+               dtype, shard: ShardFn, rngs: nnx.Rngs):
+    self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+    self.dtype, self.shard = dtype, shard
+    self.inv_freq = tuple(float(f) for f in inv_freq)  # static, hashable
+    p = lambda shape, names, init=_normal: param(rngs, init, shape, names, param_dtype)
+    self.q_proj = p((hidden, num_heads, head_dim), ("embed", "heads", "head_dim"))
+    self.k_proj = p((hidden, num_kv_heads, head_dim), ("embed", "kv_heads", "head_dim"))
+    self.v_proj = p((hidden, num_kv_heads, head_dim), ("embed", "kv_heads", "head_dim"))
+    self.o_proj = p((num_heads, head_dim, hidden), ("heads", "head_dim", "embed"))
+    zeros = jax.nn.initializers.zeros
+    self.q_bias = p((num_heads, head_dim), ("heads", "head_dim"), zeros) if qkv_bias else None
+    self.k_bias = p((num_kv_heads, head_dim), ("kv_heads", "head_dim"), zeros) if qkv_bias else None
+    self.v_bias = p((num_kv_heads, head_dim), ("kv_heads", "head_dim"), zeros) if qkv_bias else None
+    norm = lambda: RMSNorm(head_dim, eps, name="head_dim", param_dtype=param_dtype, rngs=rngs)
+    self.q_norm = norm() if qk_norm else None
+    self.k_norm = norm() if qk_norm else None
+
+  def _project(self, x, kernel, bias):
+    y = jnp.einsum("btd,dnh->btnh", x, kernel[...].astype(self.dtype))
+    return y if bias is None else y + bias[...].astype(self.dtype)
+
+  def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array,
+               cache: KVCache | None = None, layer: int = 0,
+               valid: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
+    """`x` `[B,T,D]`, `positions` `[B,T]`, `mask` `[B,T,S]` over keys (S = T, or the cache length)."""
+    q = self._project(x, self.q_proj, self.q_bias)
+    k = self._project(x, self.k_proj, self.k_bias)
+    v = self._project(x, self.v_proj, self.v_bias)
+    if self.q_norm is not None:
+      q, k = self.q_norm(q), self.k_norm(k)
+    inv_freq = np.asarray(self.inv_freq, np.float32)
+    q = self.shard(apply_rope(q, positions, inv_freq), ("batch", "length", "heads", "head_dim"))
+    k = self.shard(apply_rope(k, positions, inv_freq), ("batch", "length", "kv_heads", "head_dim"))
+    if cache is not None:
+      cache = cache.write(layer, k, v, positions, valid)
+      k, v = cache.k[layer].astype(self.dtype), cache.v[layer].astype(self.dtype)
+    groups = self.num_heads // self.num_kv_heads
+    b, t = q.shape[:2]
+    q = q.reshape(b, t, self.num_kv_heads, groups, self.head_dim)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores / np.sqrt(self.head_dim).astype(np.float32)
+    # A finite floor (not -inf) keeps fully-masked padding rows finite instead of NaN.
+    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(b, t, self.num_heads, self.head_dim)
+    out = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(self.dtype))
+    return self.shard(out, ("batch", "length", "embed")), cache
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, hidden: int, intermediate: int, *, param_dtype, dtype, shard: ShardFn,
+               rngs: nnx.Rngs):
+    self.dtype, self.shard = dtype, shard
+    self.gate_proj = param(rngs, _normal, (hidden, intermediate), ("embed", "mlp"), param_dtype)
+    self.up_proj = param(rngs, _normal, (hidden, intermediate), ("embed", "mlp"), param_dtype)
+    self.down_proj = param(rngs, _normal, (intermediate, hidden), ("mlp", "embed"), param_dtype)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    gate = jnp.einsum("btd,df->btf", x, self.gate_proj[...].astype(self.dtype))
+    up = jnp.einsum("btd,df->btf", x, self.up_proj[...].astype(self.dtype))
+    h = self.shard(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
+    return jnp.einsum("btf,fd->btd", h, self.down_proj[...].astype(self.dtype))
+
+
+class DecoderLayer(nnx.Module):
+  """Pre-norm residual block: x + attn(norm(x)); x + mlp(norm(x))."""
+
+  def __init__(self, *, attention: Attention, mlp: MLP, hidden: int, eps: float, param_dtype,
+               rngs: nnx.Rngs):
+    self.input_norm = RMSNorm(hidden, eps, name="embed", param_dtype=param_dtype, rngs=rngs)
+    self.attn = attention
+    self.post_attn_norm = RMSNorm(hidden, eps, name="embed", param_dtype=param_dtype, rngs=rngs)
+    self.mlp = mlp
+
+  def __call__(self, x, positions, mask, cache=None, layer=0, valid=None):
+    attn_out, cache = self.attn(self.input_norm(x), positions, mask, cache, layer, valid)
+    x = x + attn_out
+    x = x + self.mlp(self.post_attn_norm(x))
+    return x, cache
