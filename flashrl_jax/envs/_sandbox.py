@@ -200,16 +200,20 @@ class Sandbox:
                        "file_bytes": cfg.max_file_bytes, "nproc": self._nproc_limit(uid),
                        "nofile": cfg.max_open_files, "scratch_mb": cfg.scratch_mb}}
     host_dir = tempfile.mkdtemp(prefix="flashrl_sandbox_")
+    # The code's cwd is a subdir: `../x` then hits our root-owned dir, not the world-writable /tmp.
+    work_dir = os.path.join(host_dir, "work")
+    os.mkdir(work_dir)
     proc = None
     try:
       if uid is not None:
-        os.chown(host_dir, uid, uid)  # the fallback runs the code here, as that uid
+        os.chmod(host_dir, 0o755)
+        os.chown(work_dir, uid, uid)  # the fallback runs the code here, as that uid
       env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
       loop = asyncio.get_running_loop()
       start = loop.time()
       proc = await asyncio.create_subprocess_exec(
           cfg.python, "-I", "-S", "-B", _LAUNCHER, stdin=asyncio.subprocess.PIPE,
-          stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=host_dir, env=env,
+          stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=work_dir, env=env,
           start_new_session=True)  # own process group, so one killpg reaches every descendant
       readers = [asyncio.ensure_future(_read_capped(s, cfg.max_output_bytes))
                  for s in (proc.stdout, proc.stderr)]
