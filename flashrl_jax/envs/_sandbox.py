@@ -116,21 +116,37 @@ async def _read_capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, b
   return bytes(head), tail
 
 
+def _live_pids_of_uid(uid: int) -> list[int]:
+  """Live (non-zombie) processes whose real uid is `uid`.
+
+  Reads /proc/<pid>/status rather than the owner of /proc/<pid>: after setuid a process is not
+  dumpable and its /proc entry is owned by root.
+  """
+  pids = []
+  for entry in os.scandir("/proc"):
+    if not entry.name.isdigit():
+      continue
+    try:
+      with open(os.path.join(entry.path, "status")) as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+      continue
+    if int(fields.get("Uid", "-1 ").split()[0]) == uid and not fields.get("State", "").strip().startswith("Z"):
+      pids.append(int(entry.name))
+  return pids
+
+
 def _kill_uid(uid: int) -> None:
   """SIGKILL every process of a sandbox uid (fallback mode: stragglers that left our process group)."""
-  for _ in range(3):  # a forking straggler may spawn between scans
-    found = False
-    for entry in os.scandir("/proc"):
-      if not entry.name.isdigit():
-        continue
-      try:
-        if os.stat(entry.path).st_uid == uid:
-          os.kill(int(entry.name), signal.SIGKILL)
-          found = True
-      except (FileNotFoundError, ProcessLookupError, PermissionError):
-        continue
-    if not found:
+  for _ in range(5):  # a forking straggler may spawn between scans
+    pids = _live_pids_of_uid(uid)
+    if not pids:
       return
+    for pid in pids:
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
 
 
 def _killpg(pid: int) -> None:
