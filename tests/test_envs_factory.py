@@ -1,0 +1,76 @@
+"""Factories and the async reward adapters (process pool for CPU-bound verifiers)."""
+
+import asyncio
+import concurrent.futures
+
+import pytest
+
+from flashrl_jax import envs
+from flashrl_jax.envs import (AsyncEnvironment, AsyncRewardFn, EnvConfig, EnvKind, Environment,
+                              RewardConfig, RewardFn, RewardKind, Sample, SandboxConfig)
+
+
+def test_factories_build_the_right_things():
+  assert isinstance(envs.make_env(EnvConfig(kind=EnvKind.SOKOBAN)), envs.SokobanEnv)
+  env = envs.make_env(EnvConfig(kind=EnvKind.FROZEN_LAKE))
+  assert isinstance(env, envs.FrozenLakeEnv) and isinstance(env, Environment)
+  assert isinstance(envs.make_async_env(EnvConfig()), AsyncEnvironment)
+  assert isinstance(envs.MathReward(), RewardFn)
+  code = envs.make_reward_fn(RewardConfig(kind=RewardKind.CODE, sandbox=SandboxConfig(timeout_s=3)))
+  assert isinstance(code, envs.CodeReward) and code.adaptive is not None
+  fixed = envs.make_reward_fn(RewardConfig(kind=RewardKind.CODE, adaptive_timeout=None))
+  assert fixed.adaptive is None
+  for kind in RewardKind:
+    assert isinstance(envs.make_reward_fn(RewardConfig(kind=kind)), AsyncRewardFn)
+
+
+def test_invalid_configs_are_rejected():
+  with pytest.raises(ValueError):
+    envs.AdaptiveTimeoutConfig(t_min=5, t_max=1)
+  with pytest.raises(ValueError):
+    envs.SokobanConfig(width=3)
+  with pytest.raises(ValueError):
+    envs.FailureConfig(stop_prob=1.5)
+  with pytest.raises(ValueError):
+    envs.SandboxConfig(memory_mb=1)
+
+
+def test_rewards_in_thread_pool_via_factory():
+  fn = envs.make_reward_fn(RewardConfig(kind=RewardKind.EXACT_MATCH))
+  sample = envs.generate_synthetic(envs.SyntheticConfig(), num=1, seed=0)[0]
+  result = asyncio.run(fn("", sample.answer, sample))
+  assert result.reward == 1.0
+
+
+def test_math_reward_in_process_pool_keeps_loop_free():
+  """Spawned workers run the verifier; the loop ticks while they work."""
+  samples = [Sample(f"{i}+{i}", str(2 * i)) for i in range(16)]
+  with envs.make_process_pool(2) as pool:
+    fn = envs.make_reward_fn(RewardConfig(kind=RewardKind.MATH), executor=pool)
+    ticks = 0
+
+    async def ticker(stop):
+      nonlocal ticks
+      while not stop.is_set():
+        ticks += 1
+        await asyncio.sleep(0.005)
+
+    async def main():
+      stop = asyncio.Event()
+      tick = asyncio.ensure_future(ticker(stop))
+      results = await asyncio.gather(*[
+          fn(s.prompt, rf"so \boxed{{{2 * i + (i % 2)}}}", s) for i, s in enumerate(samples)])
+      stop.set()
+      await tick
+      return results
+
+    results = asyncio.run(main())
+  assert [r.reward for r in results] == [float(i % 2 == 0) for i in range(16)]
+  assert ticks > 5
+
+
+def test_pooled_reward_with_explicit_thread_pool():
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    fn = envs.PooledReward(envs.MathReward(envs.VerifierBackend.BUILTIN), pool)
+    result = asyncio.run(fn("", r"\boxed{\frac{3}{6}}", Sample("", "0.5")))
+  assert result.reward == 1.0 and result.info["backend"] == "builtin"
