@@ -163,6 +163,26 @@ def test_fail_stop_raises_environment_failure_that_a_controller_can_count():
   env = make_async_env(EnvConfig(failure=FailureConfig(stop_prob=1.0)))
   with pytest.raises(EnvironmentFailure):
     _run_episode(env, 0, ["up"])
+  assert env.failures == 1
+
+
+def test_crashed_env_stays_down_until_reset():
+  env = AsyncEnv(FrozenLakeEnv(), failure=FailureConfig(stop_prob=0.5))
+
+  async def main():
+    await env.areset(0)
+    for _ in range(50):  # until the first injected crash
+      try:
+        await env.astep("wait")
+      except EnvironmentFailure:
+        break
+    with pytest.raises(EnvironmentFailure, match="areset"):
+      await env.astep("wait")
+    await env.areset(1)
+    env.failure = FailureConfig()
+    return await env.astep("wait")
+
+  assert asyncio.run(main()).info["action_valid"] is False
 
 
 def test_async_env_is_reproducible_per_seed():

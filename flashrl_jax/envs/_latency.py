@@ -8,7 +8,8 @@ then applies failure injection:
 
   * fail-slow: with probability `slow_prob` the step takes `slow_factor` (10x) its latency;
   * fail-stop: with probability `stop_prob` the step raises `EnvironmentFailure` after its latency
-    (a crash is usually noticed only after the call has hung for a while).
+    (a crash is usually noticed only after the call has hung for a while); the environment then
+    stays down, raising on every step, until `areset`.
 
 All randomness comes from one generator seeded by `areset(seed)`, so an episode's latencies and
 failures are reproducible.
@@ -81,14 +82,18 @@ class AsyncEnv:
     self._rng = np.random.default_rng(seed)
     self.steps = 0
     self.failures = 0
+    self._crashed = False
 
   async def areset(self, seed: int) -> str:
     # Salted so the latency stream is not the same numbers the level generator drew from `seed`.
     self._rng = np.random.default_rng([seed, 0x1A7E])
+    self._crashed = False
     await asyncio.sleep(self.latency.sample(self._rng))
     return self.env.reset(seed)
 
   async def astep(self, action_text: str) -> StepResult:
+    if self._crashed:  # a crashed environment stays down until the controller resets it
+      raise EnvironmentFailure("environment crashed earlier in this episode; call areset()")
     latency = self.latency.sample(self._rng)
     slow = self._rng.random() < self.failure.slow_prob
     stop = self._rng.random() < self.failure.stop_prob
@@ -98,6 +103,7 @@ class AsyncEnv:
     self.steps += 1
     if stop:
       self.failures += 1
+      self._crashed = True
       raise EnvironmentFailure(f"injected fail-stop at step {self.steps}")
     result = self.env.step(action_text)
     info = {**result.info, "latency_s": latency, "fail_slow": slow}
