@@ -1,0 +1,211 @@
+"""Start, kill and restart local rollout server processes, each pinned to its own cores or device.
+
+Rollout servers run as separate processes (like SGLang's), so that a crash, a hang or a restart of
+one never takes the controller down, and so that each gets disjoint CPU cores (`sched_setaffinity`
+in the child), one GPU (`CUDA_VISIBLE_DEVICES`) or one TPU chip (`TPU_VISIBLE_CHIPS` with one-chip
+process bounds). Each process runs in its own process group, so `kill` (SIGKILL, for fault tests)
+and `stop` also reach its children; logs go to one file per server. The same launcher starts our
+JAX server (`flashrl_jax.rollout.server`) or the protocol stub (`flashrl_jax.rollout._stub`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+
+DEFAULT_MODULE = "flashrl_jax.rollout.server"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+  with socket.socket() as s:
+    s.bind((host, 0))
+    return s.getsockname()[1]
+
+
+def split_cpus(num_servers: int, cpus: Sequence[int] | None = None) -> list[list[int]]:
+  """Disjoint, contiguous core sets, one per server, from `cpus` (default: this process's)."""
+  cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+  if not 1 <= num_servers <= len(cpus):
+    raise ValueError(f"cannot give {num_servers} servers disjoint cores out of {cpus}")
+  per = len(cpus) // num_servers
+  return [cpus[i * per:(i + 1) * per] for i in range(num_servers)]
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSpec:
+  """How to (re)start one server process."""
+  argv: tuple[str, ...]
+  env: tuple[tuple[str, str], ...]
+  cpus: tuple[int, ...] | None
+  url: str
+  log_path: str
+
+
+def _device_env(i: int, gpu_ids, tpu_ids) -> dict[str, str]:
+  if gpu_ids is not None:
+    ids = gpu_ids[i] if isinstance(gpu_ids[i], Sequence) else [gpu_ids[i]]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))}
+  if tpu_ids is not None:  # one chip per non-communicating process, each its own mesh controller
+    port = str(8476 + i)
+    return {"TPU_VISIBLE_CHIPS": str(tpu_ids[i]), "TPU_VISIBLE_DEVICES": str(tpu_ids[i]),
+            "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1", "TPU_PROCESS_BOUNDS": "1,1,1",
+            "TPU_MESH_CONTROLLER_ADDRESS": f"localhost:{port}", "TPU_MESH_CONTROLLER_PORT": port,
+            "JAX_PLATFORMS": "tpu"}
+  return {"JAX_PLATFORMS": "cpu"}
+
+
+class LocalServers:
+  """A set of local server processes. Use `LocalServers.start(...)`, then `with` or `stop()`."""
+
+  def __init__(self, specs: Sequence[ServerSpec], startup_timeout_s: float):
+    self.specs = list(specs)
+    self.startup_timeout_s = startup_timeout_s
+    self._procs: list[subprocess.Popen | None] = [None] * len(specs)
+
+  @classmethod
+  def start(cls, model_path: str, num_servers: int, *,
+            cpu_sets: Sequence[Sequence[int]] | None = None,
+            gpu_ids: Sequence[int | Sequence[int]] | None = None,
+            tpu_ids: Sequence[int] | None = None, base_port: int | None = None,
+            host: str = "127.0.0.1", extra_args: Sequence[str] = (),
+            module: str = DEFAULT_MODULE, startup_timeout_s: float = 300.0,
+            log_dir: str | None = None, python: str = sys.executable,
+            env: dict[str, str] | None = None) -> LocalServers:
+    """Starts `num_servers` processes of `python -m module --model_path=... --port=...` in parallel
+    and waits for each to answer `GET /health` 200 (raising with its log tail if one dies)."""
+    for name, per in (("cpu_sets", cpu_sets), ("gpu_ids", gpu_ids), ("tpu_ids", tpu_ids)):
+      if per is not None and len(per) != num_servers:
+        raise ValueError(f"{name} has {len(per)} entries for {num_servers} servers")
+    if gpu_ids is not None and tpu_ids is not None:
+      raise ValueError("give gpu_ids or tpu_ids, not both")
+    log_dir = log_dir or tempfile.mkdtemp(prefix="flashrl_rollout_")
+    os.makedirs(log_dir, exist_ok=True)
+    base_env = dict(os.environ if env is None else env)
+    specs = []
+    for i in range(num_servers):
+      port = base_port + i if base_port is not None else free_port(host)
+      cpus = tuple(cpu_sets[i]) if cpu_sets is not None else None
+      penv = {**base_env, **_device_env(i, gpu_ids, tpu_ids)}
+      if cpus:  # keep thread pools to the cores the process may use
+        penv.setdefault("OMP_NUM_THREADS", str(len(cpus)))
+      argv = (python, "-m", module, f"--model_path={model_path}", f"--port={port}",
+              f"--host={host}", *extra_args)
+      specs.append(ServerSpec(argv, tuple(sorted(penv.items())), cpus, f"http://{host}:{port}",
+                              os.path.join(log_dir, f"server_{i}_{port}.log")))
+    servers = cls(specs, startup_timeout_s)
+    try:
+      for i in range(num_servers):
+        servers._spawn(i)
+      for i in range(num_servers):
+        servers._wait_ready(i)
+    except BaseException:
+      servers.stop()
+      raise
+    return servers
+
+  @property
+  def urls(self) -> list[str]:
+    return [s.url for s in self.specs]
+
+  def pid(self, i: int) -> int | None:
+    p = self._procs[i]
+    return p.pid if p is not None and p.poll() is None else None
+
+  def log_path(self, i: int) -> str:
+    return self.specs[i].log_path
+
+  def kill(self, i: int) -> None:
+    """SIGKILLs server `i` and its process group (a crash, for fault tests)."""
+    self._signal(i, signal.SIGKILL, wait_s=10.0)
+
+  def restart(self, i: int, *, wait: bool = True) -> None:
+    """Kills server `i` if it still runs and starts it again on the same port."""
+    self._signal(i, signal.SIGKILL, wait_s=10.0)
+    self._spawn(i)
+    if wait:
+      self._wait_ready(i)
+
+  def stop(self) -> None:
+    """SIGTERM to every server group; SIGKILL those still running after 5 s."""
+    for i in range(len(self.specs)):
+      if self.pid(i) is not None:
+        self._send(i, signal.SIGTERM)
+    deadline = time.monotonic() + 5.0
+    for i, p in enumerate(self._procs):
+      if p is not None:
+        try:
+          p.wait(max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+          self._signal(i, signal.SIGKILL, wait_s=5.0)
+    self._procs = [None] * len(self.specs)
+
+  def __enter__(self) -> LocalServers:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.stop()
+
+  def _spawn(self, i: int) -> None:
+    spec = self.specs[i]
+    cpus = spec.cpus
+
+    def pin() -> None:  # runs in the child between fork and exec
+      if cpus:
+        os.sched_setaffinity(0, cpus)
+
+    with open(spec.log_path, "ab") as log:
+      log.write(f"=== {time.strftime('%H:%M:%S')} {' '.join(spec.argv)}\n".encode())
+      log.flush()
+      self._procs[i] = subprocess.Popen(spec.argv, stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, env=dict(spec.env),
+                                        start_new_session=True, preexec_fn=pin)
+
+  def _wait_ready(self, i: int) -> None:
+    spec, proc = self.specs[i], self._procs[i]
+    deadline = time.monotonic() + self.startup_timeout_s
+    while time.monotonic() < deadline:
+      if proc is None or proc.poll() is not None:
+        raise RuntimeError(f"server {i} ({spec.url}) exited during startup:\n{self._tail(i)}")
+      try:
+        with urllib.request.urlopen(spec.url + "/health", timeout=5.0) as r:
+          if r.status == 200:
+            return
+      except (urllib.error.URLError, OSError):
+        pass
+      time.sleep(0.05)
+    raise TimeoutError(f"server {i} ({spec.url}) not healthy after {self.startup_timeout_s}s:\n"
+                       f"{self._tail(i)}")
+
+  def _tail(self, i: int, n: int = 4000) -> str:
+    try:
+      with open(self.specs[i].log_path, "rb") as f:
+        return f.read()[-n:].decode(errors="replace")
+    except OSError:
+      return "(no log)"
+
+  def _send(self, i: int, sig: int) -> None:
+    p = self._procs[i]
+    try:
+      os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError, AttributeError):
+      pass
+
+  def _signal(self, i: int, sig: int, wait_s: float) -> None:
+    p = self._procs[i]
+    if p is None:
+      return
+    self._send(i, sig)
+    try:
+      p.wait(wait_s)
+    except subprocess.TimeoutExpired:
+      self._send(i, signal.SIGKILL)
+      p.wait(wait_s)
