@@ -111,16 +111,22 @@ def test_compute_policy_loss_adds_kl_and_entropy_terms():
     np.testing.assert_allclose(g, np.where(valid, -0.01 / valid.sum(), 0.0), rtol=1e-5)
 
 
-def test_compute_policy_loss_drops_tokens_with_bad_extras_from_every_term():
-    ref = REF.copy()
-    ref[0, 0] = np.nan
-    config = losses.LossConfig(name="ppo", kl_coef=0.1)
-    loss, metrics = losses.compute_policy_loss(config, **{**INPUTS, "ref_logp": ref})
+@pytest.mark.parametrize(
+    "name,bad_input", [("ppo", "ref_logp"), ("grpo", "ref_logp"), ("decoupled_ppo", "prox_logp"),
+                       ("tis", "entropy"), ("cispo", "behavior_logp")]
+)
+def test_compute_policy_loss_drops_tokens_with_bad_inputs_from_every_term(name, bad_input):
+    bad = INPUTS[bad_input].copy()
+    bad[0, 0] = np.nan
+    bad[2, 1] = -np.inf
+    config = losses.LossConfig(name=name, kl_coef=0.1, entropy_coef=0.01)
+    loss, metrics = losses.compute_policy_loss(config, **{**INPUTS, bad_input: bad})
     mask = MASK.copy()
-    mask[0, 0] = 0
-    expected, _ = losses.compute_policy_loss(config, **{**INPUTS, "mask": mask})
+    mask[0, 0] = mask[2, 1] = 0
+    expected, expected_metrics = losses.compute_policy_loss(config, **{**INPUTS, "mask": mask})
     np.testing.assert_allclose(loss, expected, rtol=1e-6)
-    assert float(metrics["nonfinite_tokens"]) == 1.0
+    np.testing.assert_allclose(metrics["entropy"], expected_metrics["entropy"], rtol=1e-6)
+    assert float(metrics["nonfinite_tokens"]) == 2.0
 
 
 @pytest.mark.parametrize(

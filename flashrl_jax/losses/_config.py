@@ -114,8 +114,8 @@ def compute_policy_loss(
     """The configured policy loss `+ β·KL(π_θ‖π_ref) − entropy_coef·H`, and merged metrics.
 
     Needs `prox_logp` for decoupled PPO, `positive` for TOPR, `ref_logp` when `kl_coef > 0` and
-    `entropy` when `entropy_coef > 0` (ValueError otherwise). A token whose `ref_logp`/`entropy` is
-    non-finite is dropped from *every* term, so all terms average over the same tokens; the metric
+    `entropy` when `entropy_coef > 0` (ValueError otherwise). A token with any non-finite input is
+    dropped from *every* term, so all terms average over the same tokens; the metric
     `nonfinite_tokens` counts all dropped tokens. `metrics["loss"]` is the returned total.
     """
     c = config
@@ -128,13 +128,16 @@ def compute_policy_loss(
     for arg, (value, needed) in needs.items():
         if needed and value is None:
             raise ValueError(f"loss {c.name.value} with this config needs {arg}")
-    use_kl = c.kl_coef > 0 and c.name is not LossName.GRPO  # GRPO has its own KL term
+    use_ref = c.kl_coef > 0
+    use_kl = use_ref and c.name is not LossName.GRPO  # GRPO has its own KL term
     use_entropy = c.entropy_coef > 0
     # One shared validity mask: shapes are checked once, and a token dropped for a non-finite
     # input of any term is dropped from every term, so all terms average over the same tokens.
     t = _inputs.prepare(
         logp, behavior_logp, advantages, mask,
-        ref_logp=ref_logp if use_kl else None, entropy=entropy if use_entropy else None,
+        prox_logp=prox_logp if c.name is LossName.DECOUPLED_PPO else None,
+        ref_logp=ref_logp if use_ref else None,
+        entropy=entropy if use_entropy else None,
     )
     kept = t.valid
 
@@ -164,9 +167,10 @@ def compute_policy_loss(
                 *args, ref_logp=ref_logp, kl_coef=c.kl_coef, kl_estimator=c.kl_estimator,
                 **ppo_clip, **seq, **common,
             )
+        case _:
+            raise AssertionError(f"unhandled loss {c.name}")
     metrics = dict(metrics)
-    # The loss itself only sees `kept`; it counts what it drops beyond that (a bad prox_logp).
-    metrics["nonfinite_tokens"] = metrics["nonfinite_tokens"] + t.nonfinite_tokens
+    metrics["nonfinite_tokens"] = t.nonfinite_tokens  # the loss itself only ever sees `kept`
     if use_kl:
         kl_term, kl_metrics = _regularizers.kl_loss(
             logp, ref_logp, kept, coef=c.kl_coef, estimator=c.kl_estimator, **common
