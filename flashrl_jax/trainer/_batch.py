@@ -1,0 +1,211 @@
+"""Trajectories -> fixed-shape packed micro-batches, on the host, before anything touches a device.
+
+Why: RL responses vary wildly in length. Padding every sequence to the longest wastes most of the
+compute on padding, and a shape per batch recompiles per step. Instead trajectories (prompt +
+response) are packed into rows of a fixed token budget (segment ids keep them from attending to each
+other, positions restart per segment), rows are grouped into micro-batches of a fixed number of rows,
+and the number of micro-batches is rounded up to a power of two: a handful of shapes ever compile.
+
+The loss does not see rows. Each micro-batch also carries a per-sequence view `[S, L]` (S sequence
+slots, L = max response length) with, for every response token, the flat index of the packed position
+whose logits predict it. The trainer gathers log-probs into that view, so losses, sequence-level
+aggregations, GSPO's sequence ratio and advantages work exactly as on an unpacked `[B, T]` batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import numpy as np
+
+from flashrl_jax.trainer._config import BatchConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Trajectory:
+  """One sampled response, as the rollout side reports it.
+
+  Attributes:
+    sample_id: unique id of this sample (for bookkeeping only).
+    prompt_ids: `[P]` int prompt tokens (P >= 1); never trained on.
+    response_ids: `[R]` int sampled tokens (everything the model generated, EOS included).
+    behavior_logp: `[R]` float log-probs the rollout engine reported for `response_ids` (at the
+      rollout temperature). Off-policy corrections are taken against these.
+    reward: the scalar reward of the whole response.
+    group_id: samples sharing a group id answered the same prompt (GRPO/RLOO baselines).
+    behavior_version: `[R]` int policy version that generated each response token (a response can
+      span a weight update); a scalar broadcasts.
+    start_version: policy version when generation started.
+    response_mask: optional `[R]` bool, False for tokens not trained on (e.g. tool outputs).
+  """
+
+  sample_id: int
+  prompt_ids: np.ndarray
+  response_ids: np.ndarray
+  behavior_logp: np.ndarray
+  reward: float
+  group_id: int
+  behavior_version: np.ndarray | int = 0
+  start_version: int = 0
+  response_mask: np.ndarray | None = None
+
+  @property
+  def num_tokens(self) -> int:
+    return len(self.prompt_ids) + len(self.response_ids)
+
+
+@flax.struct.dataclass
+class Batch:
+  """One RL step's data. Leading axes `[K, M]`: K minibatches of M micro-batches.
+
+  Packed rows `[K, M, R, T]`: `input_ids`, `positions`, `segment_ids` (0 = padding), `targets` (the
+  next token in the same segment, else 0). Per-sequence `[K, M, S, L]`: `token_index` (flat index
+  into the micro-batch's `R * T` positions of the logits predicting response token j), `loss_mask`,
+  `behavior_logp`, `behavior_version`. Per-sequence `[K, M, S]`: `rewards`, `group_ids` (padding
+  slots get unique negative ids, so their advantage is 0), `sample_mask`, `start_version`.
+  """
+
+  input_ids: jax.Array
+  positions: jax.Array
+  segment_ids: jax.Array
+  targets: jax.Array
+  token_index: jax.Array
+  loss_mask: jax.Array
+  behavior_logp: jax.Array
+  behavior_version: jax.Array
+  rewards: jax.Array
+  group_ids: jax.Array
+  sample_mask: jax.Array
+  start_version: jax.Array
+
+  @property
+  def num_minibatches(self) -> int:
+    return self.input_ids.shape[0]
+
+  @property
+  def micro_batches(self) -> int:
+    return self.input_ids.shape[1]
+
+
+# Logical axis names of each field, for the batch's shardings (rows and sequences split over batch).
+BATCH_AXES = Batch(
+    input_ids=(None, None, "batch", "length"), positions=(None, None, "batch", "length"),
+    segment_ids=(None, None, "batch", "length"), targets=(None, None, "batch", "length"),
+    token_index=(None, None, "batch", None), loss_mask=(None, None, "batch", None),
+    behavior_logp=(None, None, "batch", None), behavior_version=(None, None, "batch", None),
+    rewards=(None, None, "batch"), group_ids=(None, None, "batch"),
+    sample_mask=(None, None, "batch"), start_version=(None, None, "batch"))
+
+
+def _check(t: Trajectory, config: BatchConfig) -> None:
+  p, r = len(t.prompt_ids), len(t.response_ids)
+  if p < 1:
+    raise ValueError(f"Trajectory {t.sample_id}: empty prompt (the first response token needs one).")
+  if np.shape(t.behavior_logp) != (r,):
+    raise ValueError(f"Trajectory {t.sample_id}: behavior_logp has shape "
+                     f"{np.shape(t.behavior_logp)}, expected ({r},) like response_ids.")
+  if np.ndim(t.behavior_version) and np.shape(t.behavior_version) != (r,):
+    raise ValueError(f"Trajectory {t.sample_id}: behavior_version has shape "
+                     f"{np.shape(t.behavior_version)}, expected () or ({r},).")
+  if t.response_mask is not None and np.shape(t.response_mask) != (r,):
+    raise ValueError(f"Trajectory {t.sample_id}: response_mask has shape "
+                     f"{np.shape(t.response_mask)}, expected ({r},).")
+  if t.group_id < 0:
+    raise ValueError(f"Trajectory {t.sample_id}: group_id must be >= 0, got {t.group_id}.")
+  if r > config.max_response_length:
+    raise ValueError(f"Trajectory {t.sample_id}: {r} response tokens > max_response_length="
+                     f"{config.max_response_length}.")
+  if p + r > config.row_length:
+    raise ValueError(f"Trajectory {t.sample_id}: {p + r} tokens do not fit in row_length="
+                     f"{config.row_length}.")
+
+
+def _assign(lengths: list[int], config: BatchConfig, one_per_row: bool
+            ) -> list[list[tuple[int, int, int]]]:
+  """First-fit decreasing: per micro-batch, a list of (trajectory, row, offset)."""
+  micro: list[tuple[list[int], list[tuple[int, int, int]]]] = []  # (row fill, placements)
+  for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+    n = lengths[i]
+    for fill, placed in micro:
+      if len(placed) == config.sequences:
+        continue
+      row = next((k for k, used in enumerate(fill)
+                  if (used == 0 if one_per_row else used + n <= config.row_length)), None)
+      if row is not None:
+        placed.append((i, row, fill[row]))
+        fill[row] += n
+        break
+    else:
+      fill = [0] * config.rows
+      micro.append((fill, [(i, 0, 0)]))
+      fill[0] = n
+  return [placed for _, placed in micro]
+
+
+def pack(trajectories: list[Trajectory], config: BatchConfig, num_minibatches: int = 1, *,
+         one_per_row: bool = False, min_micro_batches: int = 1) -> Batch:
+  """Packs trajectories into a host (NumPy) `Batch` of `num_minibatches` minibatches.
+
+  Trajectories are split into contiguous, nearly equal minibatches in the given order; each is
+  packed first-fit-decreasing. The micro-batch count M is the largest any minibatch needs, rounded up
+  to a power of two (at least `min_micro_batches`). `one_per_row` disables packing (tests, baselines).
+  """
+  if len(trajectories) < num_minibatches:
+    raise ValueError(f"{len(trajectories)} trajectories cannot fill {num_minibatches} minibatches.")
+  for t in trajectories:
+    _check(t, config)
+  if one_per_row and config.sequences > config.rows:
+    config = dataclasses.replace(config, sequences=config.rows)
+  splits = np.array_split(np.arange(len(trajectories)), num_minibatches)
+  plans = [[[(int(split[i]), row, off) for i, row, off in placed]
+            for placed in _assign([trajectories[j].num_tokens for j in split], config, one_per_row)]
+           for split in splits]
+  needed = max(max(len(p) for p in plans), min_micro_batches)
+  m = 1 << (needed - 1).bit_length()
+  return _fill(trajectories, plans, config, m)
+
+
+def _fill(trajectories, plans, config: BatchConfig, m: int) -> Batch:
+  k, rows, t, s, length = len(plans), config.rows, config.row_length, config.sequences, \
+      config.max_response_length
+  z = lambda *shape, dtype=np.int32: np.zeros((k, m) + shape, dtype)
+  b = dict(input_ids=z(rows, t), positions=z(rows, t), segment_ids=z(rows, t), targets=z(rows, t),
+           token_index=z(s, length), loss_mask=z(s, length, dtype=bool),
+           behavior_logp=z(s, length, dtype=np.float32), behavior_version=z(s, length),
+           rewards=z(s, dtype=np.float32), group_ids=z(s), sample_mask=z(s, dtype=bool),
+           start_version=z(s))
+  # Unique negative ids: a padding slot is a group of one, whose advantage every estimator zeroes.
+  b["group_ids"][:] = -1 - np.arange(k * m * s).reshape(k, m, s)
+  for ki, plan in enumerate(plans):
+    for mi, placed in enumerate(plan):
+      for slot, (i, row, off) in enumerate(placed):
+        tr = trajectories[i]
+        p, r = len(tr.prompt_ids), len(tr.response_ids)
+        ids = np.concatenate([tr.prompt_ids, tr.response_ids]).astype(np.int32)
+        span = slice(off, off + p + r)
+        b["input_ids"][ki, mi, row, span] = ids
+        b["positions"][ki, mi, row, span] = np.arange(p + r)
+        b["segment_ids"][ki, mi, row, span] = slot + 1
+        b["targets"][ki, mi, row, off:off + p + r - 1] = ids[1:]
+        # Response token j sits at off + p + j; the logits at the position before predict it.
+        b["token_index"][ki, mi, slot, :r] = row * t + off + p - 1 + np.arange(r)
+        mask = np.ones(r, bool) if tr.response_mask is None else np.asarray(tr.response_mask, bool)
+        b["loss_mask"][ki, mi, slot, :r] = mask
+        b["behavior_logp"][ki, mi, slot, :r] = tr.behavior_logp
+        b["behavior_version"][ki, mi, slot, :r] = tr.behavior_version
+        b["rewards"][ki, mi, slot] = tr.reward
+        b["group_ids"][ki, mi, slot] = tr.group_id
+        b["sample_mask"][ki, mi, slot] = True
+        b["start_version"][ki, mi, slot] = tr.start_version
+  return Batch(**b)
+
+
+def batch_stats(batch: Batch) -> dict[str, float]:
+  """Host-side counts of a packed batch: real tokens, response tokens, padding fraction."""
+  seg = np.asarray(batch.segment_ids)
+  real = int((seg != 0).sum())
+  return {"tokens": real, "response_tokens": int(np.asarray(batch.loss_mask).sum()),
+          "samples": int(np.asarray(batch.sample_mask).sum()),
+          "padding_fraction": 1.0 - real / seg.size}

@@ -1,0 +1,108 @@
+"""One minibatch: log-probs of packed micro-batches, the configured loss, and gradient accumulation.
+
+Why separate from the RL step: this is the part that must be *exactly* the full-batch computation
+whatever the packing and the micro-batch split, and the part the packing/accumulation tests pin.
+Each micro-batch's loss is weighted by its share of the minibatch's aggregation denominator (tokens
+for token-mean, non-empty sequences for the sequence-mean modes), so the accumulated loss and
+gradient equal those of one big batch with the same aggregation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from flashrl_jax.losses import Aggregation, LossName, compute_policy_loss
+from flashrl_jax.model import Decoder, token_logprobs
+from flashrl_jax.trainer._batch import Batch
+from flashrl_jax.trainer._config import TrainConfig
+
+
+class LossInputs(NamedTuple):
+  """What the loss needs beyond the packed tokens, per sequence slot; `[..., S, L]` arrays."""
+
+  advantages: jax.Array
+  prox_logp: jax.Array | None = None
+  ref_logp: jax.Array | None = None
+
+
+def sequence_logprobs(model: Decoder, micro: Batch, config: TrainConfig
+                      ) -> tuple[jax.Array, jax.Array]:
+  """(logp, entropy) `[S, L]` of each slot's response tokens, from one packed micro-batch `[R, T]`.
+
+  Hidden states are gathered to the response positions *before* the vocabulary projection, so
+  prompt and padding positions never pay for the `[D, V]` matmul.
+  """
+  hidden = model.hidden_states(micro.input_ids, micro.positions, micro.segment_ids)  # [R, T, D]
+  flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+  h = flat_hidden[micro.token_index]  # [S, L, D]
+  y = micro.targets.reshape(-1)[micro.token_index]  # [S, L]
+  return token_logprobs(h, model.unembedding(), y, temperature=config.temperature,
+                        chunk_size=config.logprob_chunk_size)
+
+
+def micro_batch_loss(params: nnx.State, graphdef: nnx.GraphDef, config: TrainConfig, micro: Batch,
+                     inputs: LossInputs) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The configured policy loss of one micro-batch (its own aggregation, unweighted)."""
+  model = nnx.merge(graphdef, params)
+  logp, entropy = sequence_logprobs(model, micro, config)
+  return compute_policy_loss(
+      config.loss, logp=logp, behavior_logp=micro.behavior_logp, advantages=inputs.advantages,
+      mask=micro.loss_mask, prox_logp=inputs.prox_logp, ref_logp=inputs.ref_logp,
+      positive=(micro.rewards > 0) if config.loss.name is LossName.TOPR else None,
+      entropy=entropy)
+
+
+def micro_batch_weights(loss_mask: jax.Array, aggregation: Aggregation) -> jax.Array:
+  """`[M]` weights summing to 1 (0 for empty micro-batches) from a minibatch's `[M, S, L]` mask."""
+  if aggregation is Aggregation.TOKEN_MEAN:
+    counts = loss_mask.sum((1, 2))
+  else:
+    counts = loss_mask.any(-1).sum(-1)
+  counts = counts.astype(jnp.float32)
+  return counts / jnp.maximum(counts.sum(), 1.0)
+
+
+def combine_metrics(metrics: dict[str, jax.Array], weights: jax.Array) -> dict[str, jax.Array]:
+  """Per-micro-batch metrics `[M]` -> minibatch scalars: counts add, extremes reduce, means weigh."""
+  out = {}
+  for key, value in metrics.items():
+    nonempty = weights > 0
+    if key == "nonfinite_tokens":
+      out[key] = value.sum()
+    elif key.endswith("_max"):
+      out[key] = jnp.where(nonempty, value, -jnp.inf).max(initial=-jnp.inf)
+      out[key] = jnp.where(nonempty.any(), out[key], 0.0)
+    elif key.endswith("_min"):
+      out[key] = jnp.where(nonempty, value, jnp.inf).min(initial=jnp.inf)
+      out[key] = jnp.where(nonempty.any(), out[key], 0.0)
+    else:
+      out[key] = (weights * value).sum()
+  return out
+
+
+def minibatch_gradients(params: nnx.State, graphdef: nnx.GraphDef, config: TrainConfig,
+                        minibatch: Batch, inputs: LossInputs
+                        ) -> tuple[jax.Array, Any, dict[str, jax.Array]]:
+  """(loss, grads, metrics) of one minibatch `[M, ...]`, accumulated over its M micro-batches."""
+  weights = micro_batch_weights(minibatch.loss_mask, config.loss.aggregation)
+
+  def weighted_loss(p, micro, micro_inputs, w):
+    loss, metrics = micro_batch_loss(p, graphdef, config, micro, micro_inputs)
+    return w * loss, metrics
+
+  grad_fn = jax.value_and_grad(weighted_loss, has_aux=True)
+  zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+
+  def body(acc, xs):
+    micro, micro_inputs, w = xs
+    (loss, metrics), grads = grad_fn(params, micro, micro_inputs, w)
+    acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads)
+    return acc, (loss, metrics)
+
+  grads, (losses, metrics) = jax.lax.scan(body, zeros, (minibatch, inputs, weights))
+  grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+  return losses.sum(), grads, combine_metrics(metrics, weights)

@@ -1,0 +1,114 @@
+"""`Trainer`: the thin stateful handle the controller holds (mesh, graphdef, state, jitted step).
+
+Why a class at all: the controller needs one object to call `update(trajectories)` on, ask for the
+policy version, and get a model to export; the pure pieces (`pack`, `train_step`) stay functions and
+this only wires them together and times them. It holds no configuration of its own.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from flashrl_jax.model import Decoder, ModelConfig
+from flashrl_jax.trainer._batch import Batch, Trajectory, batch_stats, pack
+from flashrl_jax.trainer._config import TrainConfig
+from flashrl_jax.trainer._distributed import to_host, tree_to_global
+from flashrl_jax.trainer._rl_step import batch_shardings, make_train_step
+from flashrl_jax.trainer._sharding import TRAIN_RULES, Rules
+from flashrl_jax.trainer._state import (TrainState, create_train_state, merge_model,
+                                        train_state_shardings)
+
+
+class Trainer:
+  """Runs RL steps on a mesh. `update` packs, runs the jitted step, and returns host metrics.
+
+  The reference model (for the KL term) is a frozen copy of the initial parameters, made only when
+  `train_config.loss.kl_coef > 0`.
+  """
+
+  def __init__(self, model_config: ModelConfig, train_config: TrainConfig, mesh: Mesh, *,
+               rules: Rules = TRAIN_RULES, seed: int = 0, init_params: str | nnx.State | None = None,
+               policy_version: int = 0):
+    self.model_config, self.config, self.mesh, self.rules = model_config, train_config, mesh, rules
+    self.graphdef, self.state = create_train_state(model_config, train_config, mesh, rules,
+                                                   seed=seed, init_params=init_params,
+                                                   policy_version=policy_version)
+    self.state_shardings = train_state_shardings(model_config, train_config, mesh, rules)
+    self.batch_shardings = batch_shardings(mesh, rules, train_config.batch)
+    self.ref_params = None
+    if train_config.uses_reference:
+      # A real copy: the state's own buffers are donated to each step.
+      self.ref_params = jax.jit(lambda p: jax.tree.map(lambda x: x.copy(), p),
+                                out_shardings=self.state_shardings.params)(self.state.params)
+    self._step = make_train_step(
+        self.graphdef, train_config, mesh, rules, self.state_shardings, self.batch_shardings,
+        self.state_shardings.params if self.ref_params is not None else None)
+
+  # --- state ---------------------------------------------------------------------------------------
+
+  @property
+  def policy_version(self) -> int:
+    return int(to_host(self.state.policy_version))
+
+  @property
+  def step(self) -> int:
+    return int(to_host(self.state.step))
+
+  def set_state(self, state: TrainState) -> None:
+    """Replaces the state (e.g. restored from a checkpoint); it is placed on this trainer's mesh."""
+    self.state = jax.device_put(state, self.state_shardings)
+
+  def model(self) -> Decoder:
+    """The current policy as a `Decoder` over the sharded params (for export / evaluation)."""
+    return merge_model(self.graphdef, self.state.params)
+
+  # --- the RL step ---------------------------------------------------------------------------------
+
+  def pack(self, trajectories: list[Trajectory]) -> Batch:
+    return pack(trajectories, self.config.batch, self.config.num_minibatches)
+
+  def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
+    """One RL step on `trajectories`; returns metrics as Python floats.
+
+    Every process must pass the same trajectories (each contributes its own shards of the batch).
+    """
+    start = time.perf_counter()
+    host_batch = self.pack(trajectories)
+    stats = batch_stats(host_batch)
+    batch = tree_to_global(host_batch, self.batch_shardings)
+    packed = time.perf_counter()
+    self.state, metrics = self._step(self.state, batch, self.ref_params)
+    metrics = {k: float(v) for k, v in to_host(metrics).items()}  # blocks until the step is done
+    done = time.perf_counter()
+    step_time = done - packed
+    tokens = stats["tokens"] * self.config.ppo_epochs
+    metrics |= {"step_time_s": step_time, "pack_time_s": packed - start,
+                "tokens_per_second": tokens / step_time, "tokens": float(stats["tokens"]),
+                "padding_fraction": stats["padding_fraction"],
+                "micro_batches": float(host_batch.micro_batches)}
+    return metrics
+
+  def compilations(self) -> int:
+    """How many shapes the jitted step has compiled for (a fixed handful in a healthy run)."""
+    return self._step._cache_size()  # pylint: disable=protected-access
+
+
+def random_trajectories(rng: np.random.Generator, n: int, *, vocab_size: int,
+                        prompt_lengths: tuple[int, int], response_lengths: tuple[int, int],
+                        group_size: int = 4, version: int = 0) -> list[Trajectory]:
+  """Random trajectories with GRPO groups (tests, demos, benchmarks)."""
+  out = []
+  for i in range(n):
+    p = int(rng.integers(*prompt_lengths, endpoint=True))
+    r = int(rng.integers(*response_lengths, endpoint=True))
+    out.append(Trajectory(
+        sample_id=i, prompt_ids=rng.integers(3, vocab_size, p), response_ids=rng.integers(
+            3, vocab_size, r), behavior_logp=-rng.uniform(0.5, 5.0, r).astype(np.float32),
+        reward=float(rng.integers(0, 2)), group_id=i // group_size, behavior_version=version,
+        start_version=version))
+  return out
