@@ -21,6 +21,9 @@ from flashrl_jax.envs._math_extract import extract_answer
 from flashrl_jax.envs._types import RewardResult, Sample
 
 
+_MAX_PARSE_CHARS = 4096
+
+
 class VerifierBackend(enum.Enum):
   AUTO = "auto"                # math_verify if importable, else ours
   MATH_VERIFY = "math_verify"  # require math_verify (ImportError if missing)
@@ -45,7 +48,8 @@ def _math_verify_equal(response: str, answer: str) -> bool | None:
   gold = answer if "$" in answer or "\\boxed" in answer else f"${answer}$"
   try:
     gold_parsed = parse(gold, **kwargs)
-    pred_parsed = parse(response, **kwargs)
+    # The answer sits at the end; bounding the text bounds sympy's time when no alarm can fire.
+    pred_parsed = parse(response[-_MAX_PARSE_CHARS:], **kwargs)
     if not gold_parsed or not pred_parsed:
       return None
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=5 if in_main else None))

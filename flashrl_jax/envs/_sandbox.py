@@ -280,7 +280,7 @@ def _owned(path: str) -> bool:
 def _strip_protocol(stdout: str, nonce: str) -> tuple[str, str]:
   """Removes the launcher's mode line and success line; returns (user stdout, isolation mode)."""
   mode = ""
-  first, sep, rest = stdout.partition("\n")
+  first, _, rest = stdout.partition("\n")
   if first.startswith(nonce + ":"):
     mode, stdout = first[len(nonce) + 1:], rest
   trailer = f"\n{nonce}\n"
