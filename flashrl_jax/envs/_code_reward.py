@@ -3,6 +3,10 @@
 The reward is natively async (a subprocess per run, awaited), so scoring many responses overlaps
 with generation instead of blocking it. With an `AdaptiveTimeout`, each run's limit follows the
 slowest correct run of the same prompt (RollPacker); without one, the sandbox's fixed limit applies.
+
+`sample.tests` is Python (MBPP/HumanEval-style asserts, or a `check(f)` call) executed in the same
+namespace right after the program; stdin/stdout-style judging is not implemented. The prompt key for
+the adaptive anchor is `sample.id` (else the prompt text), so ids must be unique within a run.
 """
 
 from __future__ import annotations
