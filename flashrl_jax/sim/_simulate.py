@@ -1,0 +1,151 @@
+"""`simulate(config, seed)`: run the discrete-event model of the RL cluster and summarise it.
+
+Why: `Run` owns the mutable state of one simulated run (versions, buffer, outstanding prompts,
+records) and offers the training policies a few primitives (`issue`, `train`, `sync`, `drop`); the
+policies decide *when* to call them. Everything random comes from one seeded generator, and the
+event loop breaks ties by insertion order, so a run is a pure function of (config, seed).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from typing import Callable
+
+import numpy as np
+
+from flashrl_jax.sim._config import PauseMode, SimConfig
+from flashrl_jax.sim._events import EventLoop
+from flashrl_jax.sim._results import SimResult, StepRecord
+from flashrl_jax.sim._rollout import RolloutPool
+from flashrl_jax.sim._worker import Group, Worker
+
+
+class Run:
+  """State of one simulated run; the training policy drives it through the methods below."""
+
+  def __init__(self, config: SimConfig, seed: int):
+    self.config = config
+    self.rng = np.random.default_rng(seed)
+    self.loop = EventLoop()
+    self.workers = [Worker(i, config.slots, config.cost.decode, config.cost.prefill_s_per_token)
+                    for i in range(config.workers)]
+    self.pool = RolloutPool(self.loop, self.workers, config.dispatch, config.placement,
+                            config.cost, version=lambda: self.rollout_version,
+                            on_ready=self._on_ready)
+    self.version = 0          # trainer's policy version t (= train steps done)
+    self.rollout_version = 0  # version the rollout servers hold
+    self.outstanding = 0      # prompts issued and neither consumed nor dropped
+    self.buffer: list[Group] = []
+    self.trainer_busy = False
+    self.training = False     # a train step is under way (the next consumption is at t + 1)
+    self.step_started = float("inf")  # sync policies set it; generation is timed from it
+    self.records: list[StepRecord] = []
+    self._live: dict[int, Group] = {}
+    self._reissue: collections.deque[float] = collections.deque()
+    self._gids = itertools.count()
+    self._trainer_free_since = 0.0
+    self._train_busy_s = 0.0
+    self._sync_free_at = 0.0
+    self._dropped = 0
+    self._wasted = 0
+
+  @property
+  def finished(self) -> bool:
+    return len(self.records) >= self.config.warmup_steps + self.config.steps
+
+  def in_flight(self) -> list[Group]:
+    """Issued groups not yet fully scored."""
+    return list(self._live.values())
+
+  def issue(self) -> Group:
+    """Issue one prompt (a dropped prompt is re-issued first, with fresh responses)."""
+    z = self._reissue.popleft() if self._reissue else float(self.rng.standard_normal())
+    lengths = self.config.lengths.sample(self.rng, [z], self.config.group_size)[0]
+    group = Group(next(self._gids), z, lengths, self.config.lengths.prompt_tokens, self.loop.now)
+    self._live[group.gid] = group
+    self.outstanding += 1
+    self.pool.submit(group)
+    return group
+
+  def _on_ready(self, group: Group) -> None:
+    del self._live[group.gid]
+    self.config.training.on_ready(self, group)
+
+  def drop(self, groups: list[Group]) -> None:
+    """Drop groups too stale to train on (buffered or in flight); their prompts are re-issued."""
+    for group in groups:
+      self._live.pop(group.gid, None)
+      self._reissue.append(group.prompt_z)
+      self._dropped += len(group.requests)
+    self.outstanding -= len(groups)
+    self._wasted += self.pool.cancel(groups)
+
+  def train(self, batch: list[Group], then: Callable[[], None]) -> None:
+    """Consume `batch` at the current version and train on the train pool."""
+    now = self.loop.now
+    requests = [r for g in batch for r in g.requests]
+    train_tokens = sum(g.tokens for g in batch)
+    seconds = self.config.cost.train.time(train_tokens, self.config.train_gpus)
+    first_start = min(r.start_time for r in requests)
+    record = StepRecord(
+        step=len(self.records) + 1, policy_version=self.version + 1, start_time=now,
+        train_s=seconds, wait_data_s=max(now - self._trainer_free_since, 0.0),
+        gen_s=max(g.ready_time for g in batch) - min(first_start, self.step_started),
+        samples=len(requests), response_tokens=sum(r.length for r in requests),
+        train_tokens=train_tokens, staleness=[self.version - r.start_version for r in requests],
+        response_lengths=[r.length for r in requests], dropped_samples=self._dropped)
+    self._dropped = 0
+    self.trainer_busy = self.training = True
+    self.loop.at(now + seconds, self._trained, record, then)
+
+  def _trained(self, record: StepRecord, then: Callable[[], None]) -> None:
+    self.version += 1
+    self.training = False
+    self._train_busy_s += record.train_s
+    record.end_time = self.loop.now
+    self.records.append(record)
+    self.trainer_idle()
+    then()
+
+  def trainer_idle(self) -> None:
+    self.trainer_busy = False
+    self._trainer_free_since = self.loop.now
+
+  def sync(self, version: int, then: Callable[[], None]) -> None:
+    """Load `version` on every rollout worker (serialised with earlier loads), then `then()`."""
+    start = max(self.loop.now, self._sync_free_at)
+    self._sync_free_at = start + self.config.cost.sync.rollout_s
+    self.loop.at(start, self._begin_sync, version, then)
+
+  def _begin_sync(self, version: int, then: Callable[[], None]) -> None:
+    seconds = self.config.cost.sync.rollout_s
+    # Scheduled before the pool's resume so that requests admitted on resume get the new version.
+    self.loop.at(self.loop.now + seconds, self._end_sync, version, then)
+    self.pool.pause(seconds, abort=self.config.pause is PauseMode.ABORT)
+
+  def _end_sync(self, version: int, then: Callable[[], None]) -> None:
+    self.rollout_version = max(self.rollout_version, version)
+    then()
+
+  def result(self) -> SimResult:
+    end = self.records[-1].end_time
+    for worker in self.workers:
+      worker.advance(end)
+    rollout_busy = sum(w.busy_s for w in self.workers) * self.config.gpus_per_worker
+    busy = rollout_busy + self._train_busy_s * self.config.train_gpus
+    rollout_gpus = len(self.workers) * self.config.gpus_per_worker
+    return SimResult.from_records(
+        self.records, self.config.warmup_steps, self.config.gpus, busy,
+        rollout_busy_fraction=rollout_busy / (rollout_gpus * end), wasted_tokens=self._wasted,
+        events=self.loop.handled)
+
+
+def simulate(config: SimConfig, seed: int = 0, max_events: int = 50_000_000) -> SimResult:
+  """Simulate `config.warmup_steps + config.steps` training steps; deterministic in `seed`."""
+  run = Run(config, seed)
+  config.training.start(run)
+  run.loop.run(lambda: run.finished, max_events=max_events)
+  if not run.finished:
+    raise RuntimeError(f"simulation stalled after {len(run.records)} steps (no events left)")
+  return run.result()
