@@ -1,0 +1,442 @@
+"""The in-process rollout engine: a continuous-batching scheduler loop around the device `Runner`.
+
+Why a thread: device work blocks, and the HTTP server (or a test) must stay responsive while tokens
+are produced, so one background thread owns every slot, the queue and the weights, and is the only
+code that touches them. Other threads talk to it through `submit` (which only enqueues) and control
+methods that run *on* the engine thread between steps and return a `concurrent.futures.Future`.
+
+Scheduling: waiting requests are prefilled into free slots (FIFO, grouped up to a token budget) as
+soon as a slot frees, then one decode step advances every occupied slot; a finished request frees its
+slot at once, so a short request never waits for a long one. Pausing and weight updates follow
+SGLang's semantics (see `PauseMode` and `update_weights_from_disk`).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import uuid
+from typing import Any, Callable, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from flashrl_jax.model import load_tokenizer, read_config
+from flashrl_jax.rollout._request import (FinishKind, FinishReason, Output, PauseMode, Request)
+from flashrl_jax.rollout._runner import Runner, rollout_mesh
+from flashrl_jax.rollout._sampling import MAX_STOP_IDS, Sampling
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+  """How one engine serves one model.
+
+  `context_length` bounds prompt + output per request (default: the model's
+  `max_position_embeddings`, at most 4096); it sizes the KV cache `[L, slots, context, K, H]`.
+  """
+
+  model_path: str
+  max_running_requests: int = 8
+  context_length: int | None = None
+  dtype: Any = jnp.float32
+  tp: int = 1
+  min_prefill_len: int = 16
+  max_prefill_batch: int = 4
+  prefill_token_budget: int = 4096
+  weight_version: str = "default"
+  seed: int = 0
+  tokenizer_path: str | None = None  # default: model_path when it holds a tokenizer.json
+
+  def __post_init__(self):
+    if self.max_running_requests < 1 or self.max_prefill_batch < 1 or self.tp < 1:
+      raise ValueError(f"max_running_requests, max_prefill_batch and tp must be >= 1: {self}")
+    if self.context_length is not None and self.context_length < 2:
+      raise ValueError(f"context_length must be >= 2, got {self.context_length}.")
+
+
+@dataclasses.dataclass
+class EngineStats:
+  """Counters for benchmarks and `/server_info` (slot-steps = slots x decode steps)."""
+
+  decode_steps: int = 0
+  busy_slot_steps: int = 0
+  prefill_calls: int = 0
+  prefill_tokens: int = 0
+  generated_tokens: int = 0
+
+  def idle_fraction(self, num_slots: int) -> float:
+    total = self.decode_steps * num_slots
+    return 1.0 - self.busy_slot_steps / total if total else 0.0
+
+
+class Engine:
+  """Continuous-batching generation over `max_running_requests` slots; see the module docstring."""
+
+  def __init__(self, config: EngineConfig, *, devices=None):
+    self.config = config
+    model_config = read_config(config.model_path)
+    self.context_length = config.context_length or min(model_config.max_position_embeddings, 4096)
+    self.runner = Runner(config.model_path, num_slots=config.max_running_requests,
+                         context_length=self.context_length, dtype=config.dtype,
+                         mesh=rollout_mesh(config.tp, devices),
+                         min_prefill_len=config.min_prefill_len,
+                         max_prefill_batch=config.max_prefill_batch)
+    self.model_config = self.runner.config
+    self.vocab_size = self.model_config.vocab_size
+    self.tokenizer = None
+    try:
+      self.tokenizer = load_tokenizer(config.tokenizer_path or config.model_path)
+    except FileNotFoundError:
+      if config.tokenizer_path:
+        raise
+    eos = list(self.model_config.eos_token_ids)
+    if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+      eos.append(self.tokenizer.eos_token_id)
+    self.eos_ids = tuple(dict.fromkeys(eos))
+    self.model_path = config.model_path
+    self.weight_version = config.weight_version
+    self.stats = EngineStats()
+    self._rng = np.random.default_rng(config.seed)
+    self._cv = threading.Condition()
+    self._waiting: collections.deque[Request] = collections.deque()
+    self._held: list[Request] = []  # arrived while a weight update waits for in-flight requests
+    self._live: dict[str, Request] = {}
+    self._slots: list[Request | None] = [None] * config.max_running_requests
+    self._commands: collections.deque = collections.deque()
+    self._paused: PauseMode | None = None
+    self._pending_update: tuple[str, str | None, concurrent.futures.Future] | None = None
+    self._slots_dirty = True
+    self._stopping = False
+    self._thread = threading.Thread(target=self._loop, name="rollout-engine", daemon=True)
+    self._thread.start()
+
+  # --- public API (any thread) -------------------------------------------------------------------
+
+  @property
+  def paused(self) -> PauseMode | None:
+    return self._paused
+
+  @property
+  def alive(self) -> bool:
+    return self._thread.is_alive()
+
+  def validate(self, prompt_ids: Sequence[int], sampling: Sampling) -> None:
+    """Raises ValueError for a request this engine cannot serve (checked before queuing)."""
+    if not prompt_ids:
+      raise ValueError("the prompt is empty.")
+    bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
+    if bad:
+      raise ValueError(f"token ids {bad[:8]} are outside the vocabulary [0, {self.vocab_size}).")
+    if len(prompt_ids) >= self.context_length:
+      raise ValueError(f"the prompt has {len(prompt_ids)} tokens; this server's context length is "
+                       f"{self.context_length} (prompt + output).")
+    banned = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(self.eos_ids))
+    if len(banned) > MAX_STOP_IDS:
+      raise ValueError(f"at most {MAX_STOP_IDS} stop token ids (eos included) are supported.")
+
+  def submit(self, prompt_ids: Sequence[int], sampling: Sampling = Sampling(), *,
+             rid: str | None = None, group: str | None = None,
+             on_update: Callable[[Output], None] | None = None, stream: bool = False) -> Request:
+    """Queues one sample (`sampling.n` is ignored here); returns its handle (`.result()` blocks)."""
+    prompt_ids = [int(t) for t in prompt_ids]
+    self.validate(prompt_ids, sampling)
+    seed = (sampling.sampling_seed if sampling.sampling_seed is not None
+            else int(self._rng.integers(0, 2**63)))
+    room = self.context_length - len(prompt_ids)
+    max_new = room if sampling.max_new_tokens is None else min(sampling.max_new_tokens, room)
+    request = Request(rid or uuid.uuid4().hex, prompt_ids, sampling, seed=seed,
+                      max_new_tokens=max_new, eos_ids=self.eos_ids, group=group,
+                      on_update=on_update, stream=stream)
+    with self._cv:
+      if self._stopping:
+        raise RuntimeError("the engine is shut down.")
+      if request.rid in self._live:
+        raise ValueError(f"a request with rid {request.rid!r} is already running.")
+      self._live[request.rid] = request
+      (self._held if self._pending_update else self._waiting).append(request)
+      self._cv.notify_all()
+    return request
+
+  def generate(self, prompts: Sequence[Sequence[int]],
+               sampling: Sampling | Sequence[Sampling] = Sampling(),
+               timeout: float | None = None) -> list[Output]:
+    """Blocking convenience: all prompts (each `n` times, prompt-major), in order."""
+    samplings = [sampling] * len(prompts) if isinstance(sampling, Sampling) else list(sampling)
+    requests = [self.submit(p, s) for p, s in zip(prompts, samplings) for _ in range(s.n)]
+    return [r.result(timeout) for r in requests]
+
+  def pause(self, mode: PauseMode = PauseMode.ABORT) -> concurrent.futures.Future:
+    return self._call(self._do_pause, mode)
+
+  def resume(self) -> concurrent.futures.Future:
+    return self._call(self._do_resume)
+
+  def abort(self, rid: str | None = None, abort_all: bool = False) -> concurrent.futures.Future:
+    """Finishes matching requests (rid, or the samples of an n>1 group rid) with partial output."""
+    return self._call(self._do_abort, rid, abort_all)
+
+  def update_weights_from_disk(self, path: str, version: str | None = None,
+                               abort_all: bool = False) -> concurrent.futures.Future:
+    """Future of (success, message, num_paused_requests).
+
+    Paused: applies at once (in-place requests keep their KV and continue on the new weights).
+    Not paused: new requests are held and the update applies once in-flight requests finish.
+    A directory that does not fit the running model is refused; the old weights keep serving.
+    """
+    return self._call(self._do_update, path, version, abort_all, settles_future=True)
+
+  def flush_cache(self) -> concurrent.futures.Future:
+    """Future of True (KV dropped) or False (requests are in flight)."""
+    return self._call(self._do_flush)
+
+  def loads(self) -> dict[str, int]:
+    with self._cv:
+      running = [r for r in self._slots if r is not None]
+      return {"num_running_reqs": len(running),
+              "num_waiting_reqs": len(self._waiting) + len(self._held),
+              "num_used_tokens": sum(len(r.prompt_ids) + r.num_generated for r in running),
+              "max_total_num_tokens": self.context_length * len(self._slots)}
+
+  def decode_text(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str | None:
+    if self.tokenizer is None:
+      return None
+    return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+  def shutdown(self, timeout: float = 30.0) -> None:
+    with self._cv:
+      self._stopping = True
+      self._cv.notify_all()
+    self._thread.join(timeout)
+
+  def __enter__(self) -> "Engine":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.shutdown()
+
+  # --- engine thread -----------------------------------------------------------------------------
+
+  def _call(self, fn, *args, settles_future: bool = False) -> concurrent.futures.Future:
+    """Runs `fn(*args)` on the engine thread; its return value settles the future, or, with
+    `settles_future`, `fn` receives the future as its last argument and settles it (maybe later)."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    with self._cv:
+      if self._stopping:
+        future.set_exception(RuntimeError("the engine is shut down."))
+        return future
+      self._commands.append((fn, args + ((future,) if settles_future else ()), future,
+                             settles_future))
+      self._cv.notify_all()
+    return future
+
+  def _running(self) -> list[tuple[int, Request]]:
+    return [(i, r) for i, r in enumerate(self._slots) if r is not None]
+
+  def _has_work(self) -> bool:
+    if self._stopping or self._commands:
+      return True
+    busy = bool(self._waiting) or any(r is not None for r in self._slots)
+    if self._pending_update and (self._paused or not busy):
+      return True
+    return self._paused is None and busy
+
+  def _loop(self) -> None:
+    try:
+      while True:
+        with self._cv:
+          while not self._has_work():
+            self._cv.wait()
+          if self._stopping:
+            break
+          commands = list(self._commands)
+          self._commands.clear()
+        for fn, args, future, settles_future in commands:
+          try:
+            result = fn(*args)
+            if not settles_future:
+              future.set_result(result)
+          except Exception as e:  # surfaced to the caller, never kills the loop
+            future.set_exception(e)
+        self._maybe_apply_update()
+        if self._paused is None:
+          self._admit()
+          if any(r is not None for r in self._slots):
+            self._step()
+    except BaseException:
+      log.exception("rollout engine loop crashed")
+      raise
+    finally:
+      self._abort_everything("the engine shut down")
+      with self._cv:
+        for _, _, future, _ in self._commands:
+          future.set_exception(RuntimeError("the engine is shut down."))
+        self._commands.clear()
+
+  def _sampling_row(self, request: Request):
+    return (request.sampling, request.seed, request.stop_ids)
+
+  def _finish(self, request: Request, finish: FinishReason) -> None:
+    with self._cv:
+      self._live.pop(request.rid, None)
+    request.complete(finish, self.weight_version)
+
+  def _free(self, slot: int) -> None:
+    self._slots[slot] = None
+    self._slots_dirty = True
+
+  def _admit(self) -> None:
+    """Prefills waiting requests into free slots, a group at a time, until one side runs out."""
+    while True:
+      free = [i for i, r in enumerate(self._slots) if r is None]
+      group: list[Request] = []
+      exhausted: list[Request] = []  # nothing left to generate (max_new_tokens == 0)
+      with self._cv:
+        while self._waiting and len(group) < min(len(free), self.config.max_prefill_batch):
+          candidate = self._waiting[0]
+          if candidate.num_generated >= candidate.max_new_tokens:
+            exhausted.append(self._waiting.popleft())
+            continue
+          lengths = [len(r.prompt_ids) + r.num_generated for r in group + [candidate]]
+          g, t = self.runner.prefill_bucket(lengths)
+          if group and g * t > self.config.prefill_token_budget:
+            break
+          group.append(self._waiting.popleft())
+      for request in exhausted:
+        self._finish(request, FinishReason(FinishKind.LENGTH, length=request.num_generated))
+      if not group:
+        if not exhausted:
+          return
+        continue
+      prompts = [r.all_ids() for r in group]
+      tokens, logprobs = self.runner.prefill(prompts, free[:len(group)],
+                                             [self._sampling_row(r) for r in group],
+                                             [r.num_generated for r in group])
+      self.stats.prefill_calls += 1
+      self.stats.prefill_tokens += sum(len(p) for p in prompts)
+      for slot, request, token, logprob in zip(free, group, tokens, logprobs):
+        self._on_token(request, int(token), float(logprob), slot=None)
+        if not request.done:
+          self._slots[slot] = request
+          self._slots_dirty = True
+
+  def _step(self) -> None:
+    if self._slots_dirty:
+      rows = [self._sampling_row(r) if r is not None else (None, 0, ()) for r in self._slots]
+      self.runner.set_slots(rows, np.array([r is not None for r in self._slots]))
+      self._slots_dirty = False
+    tokens, logprobs = self.runner.decode()
+    running = self._running()
+    self.stats.decode_steps += 1
+    self.stats.busy_slot_steps += len(running)
+    for slot, request in running:
+      self._on_token(request, int(tokens[slot]), float(logprobs[slot]), slot=slot)
+
+  def _on_token(self, request: Request, token: int, logprob: float, slot: int | None) -> None:
+    request.append(token, logprob, self.weight_version)
+    self.stats.generated_tokens += 1
+    finish = request.check_finish(self._stop_decoder(request))
+    if finish is None:
+      request.notify(self.weight_version)
+      return
+    if slot is not None:
+      self._free(slot)
+    self._finish(request, finish)
+
+  def _stop_decoder(self, request: Request):
+    if not request.sampling.stop or self.tokenizer is None:
+      return None
+    return lambda ids: self.tokenizer.decode(ids, request.sampling.skip_special_tokens)
+
+  # --- control commands (engine thread) ----------------------------------------------------------
+
+  def _abort_everything(self, message: str) -> int:
+    with self._cv:
+      victims = list(self._waiting) + list(self._held)
+      self._waiting.clear()
+      self._held.clear()
+    for slot, request in self._running():
+      self._free(slot)
+      victims.append(request)
+    for request in victims:
+      self._finish(request, FinishReason(FinishKind.ABORT, message=message))
+    return len(victims)
+
+  def _do_pause(self, mode: PauseMode) -> None:
+    if mode is PauseMode.ABORT:
+      self._abort_everything("aborted by /pause_generation")
+    elif mode is PauseMode.RETRACT:
+      running = sorted((r for _, r in self._running()), key=lambda r: r.created)
+      for slot, _ in self._running():
+        self._free(slot)  # KV dropped; recomputed from prompt + output on continue
+      with self._cv:
+        self._waiting.extendleft(reversed(running))
+    self._paused = mode
+
+  def _do_resume(self) -> None:
+    self._paused = None
+
+  def _do_abort(self, rid: str | None, abort_all: bool) -> int:
+    if abort_all:
+      return self._abort_everything("aborted by /abort_request")
+    match = lambda r: r.rid == rid or (r.group is not None and r.group == rid)
+    with self._cv:
+      victims = [r for r in list(self._waiting) + self._held if match(r)]
+      for r in victims:
+        (self._waiting if r in self._waiting else self._held).remove(r)
+    for slot, request in self._running():
+      if match(request):
+        self._free(slot)
+        victims.append(request)
+    for request in victims:
+      self._finish(request, FinishReason(FinishKind.ABORT, message="aborted by /abort_request"))
+    return len(victims)
+
+  def _do_update(self, path: str, version: str | None, abort_all: bool,
+                 future: concurrent.futures.Future) -> None:
+    if self._pending_update is not None:
+      future.set_result((False, "another weight update is already waiting for in-flight "
+                                "requests.", 0))
+      return
+    if abort_all:
+      self._abort_everything("aborted for a weight update")
+    with self._cv:
+      self._pending_update = (path, version, future)
+    self._maybe_apply_update()
+
+  def _maybe_apply_update(self) -> None:
+    if self._pending_update is None:
+      return
+    busy = bool(self._waiting) or any(r is not None for r in self._slots)
+    if busy and self._paused is None:
+      return
+    path, version, future = self._pending_update
+    num_paused = len(self._waiting) + len(self._running()) if self._paused else 0
+    try:
+      params = self.runner.load_params(path)
+    except (ValueError, OSError, KeyError) as e:
+      result = (False, f"Failed to update weights from {path}: {e} Still serving weight version "
+                       f"{self.weight_version!r}.", num_paused)
+    else:
+      self.runner.set_params(params)
+      self.model_path = path
+      if version is not None:
+        self.weight_version = version
+      result = (True, f"Succeeded to update model weights (weight_version "
+                      f"{self.weight_version!r}).", num_paused)
+    with self._cv:
+      self._pending_update = None
+      self._waiting.extend(self._held)
+      self._held.clear()
+    future.set_result(result)
+
+  def _do_flush(self) -> bool:
+    if self._waiting or self._running() or self._held:
+      return False
+    self.runner.reset()
+    return True
+

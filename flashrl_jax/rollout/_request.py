@@ -1,0 +1,163 @@
+"""One generation request's life inside the engine: its tokens, log-probs, versions and finish rule.
+
+Why a module of its own: the scheduler moves requests between the queue and decode slots (and back,
+on retract), the device code knows nothing of them, and the server only reads their snapshots. What a
+request has produced so far must survive all of those moves unchanged, so it lives here, host-side,
+as plain Python lists; the engine thread is the only writer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import threading
+import time
+from typing import Callable
+
+from flashrl_jax.rollout._sampling import Sampling
+
+
+class PauseMode(enum.Enum):
+  """What `/pause_generation` does to in-flight requests."""
+
+  ABORT = "abort"  # they finish now with their partial output
+  RETRACT = "retract"  # they go back to the queue, KV dropped, and are recomputed on continue
+  IN_PLACE = "in_place"  # they keep their slot and KV, and resume on continue
+
+
+class FinishKind(enum.Enum):
+  STOP = "stop"
+  LENGTH = "length"
+  ABORT = "abort"
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishReason:
+  kind: FinishKind
+  matched: int | str | None = None  # STOP: the stop token id or stop string
+  length: int | None = None  # LENGTH: tokens generated
+  message: str | None = None  # ABORT
+
+  def to_json(self) -> dict:
+    if self.kind is FinishKind.STOP:
+      return {"type": "stop", "matched": self.matched}
+    if self.kind is FinishKind.LENGTH:
+      return {"type": "length", "length": self.length}
+    return {"type": "abort", "message": self.message or "aborted"}
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionSpan:
+  """Output tokens `[start, end)` were produced by weight `version`."""
+
+  version: str
+  start: int
+  end: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+  """A snapshot of one request: everything the server returns for it."""
+
+  rid: str
+  prompt_ids: tuple[int, ...]
+  output_ids: tuple[int, ...]
+  logprobs: tuple[float, ...]
+  versions: tuple[VersionSpan, ...]
+  finish: FinishReason | None  # None while still running
+  weight_version: str
+  latency_s: float
+
+
+class Request:
+  """Mutable engine-side state of one sample. Only the engine thread mutates it."""
+
+  def __init__(self, rid: str, prompt_ids: list[int], sampling: Sampling, *, seed: int,
+               max_new_tokens: int, eos_ids: tuple[int, ...], group: str | None = None,
+               on_update: Callable[[Output], None] | None = None, stream: bool = False):
+    self.rid, self.group, self.sampling, self.seed = rid, group, sampling, seed
+    self.prompt_ids = list(prompt_ids)
+    self.max_new_tokens = max_new_tokens
+    self.stop_ids = tuple(dict.fromkeys(
+        tuple(sampling.stop_token_ids) + (() if sampling.ignore_eos else eos_ids)))
+    self.output_ids: list[int] = []
+    self.logprobs: list[float] = []
+    self.versions: list[list] = []  # [version, start, end]
+    self.finish: FinishReason | None = None
+    self.on_update, self.stream = on_update, stream
+    self.created = time.perf_counter()
+    self.finished_at: float | None = None
+    self.current_version = ""
+    self._done = threading.Event()
+    self._final: Output | None = None
+
+  # --- engine side -------------------------------------------------------------------------------
+
+  @property
+  def num_generated(self) -> int:
+    return len(self.output_ids)
+
+  def all_ids(self) -> list[int]:
+    """Prompt plus everything generated: what a (re)prefill must process."""
+    return self.prompt_ids + self.output_ids
+
+  def append(self, token: int, logprob: float, version: str) -> None:
+    index = len(self.output_ids)
+    self.output_ids.append(token)
+    self.logprobs.append(logprob)
+    self.current_version = version
+    if self.versions and self.versions[-1][0] == version:
+      self.versions[-1][2] = index + 1
+    else:
+      self.versions.append([version, index, index + 1])
+
+  def check_finish(self, decode: Callable[[list[int]], str] | None) -> FinishReason | None:
+    """The finish reason after the last appended token, if it ends the request."""
+    n = len(self.output_ids)
+    last = self.output_ids[-1] if n else None
+    if n and n >= self.sampling.min_new_tokens and last in self.stop_ids:
+      return FinishReason(FinishKind.STOP, matched=last)
+    if n and self.sampling.stop and decode is not None and n >= self.sampling.min_new_tokens:
+      # As in SGLang, a match anywhere in a tail window counts (each token decodes to >= 1 char
+      # except rare byte pieces, hence the margin); earlier matches would have stopped us already.
+      window = max(len(s) for s in self.sampling.stop) + 8
+      tail = decode(self.output_ids[-window:])
+      for stop in self.sampling.stop:
+        if stop in tail:
+          return FinishReason(FinishKind.STOP, matched=stop)
+    if n >= self.max_new_tokens:
+      return FinishReason(FinishKind.LENGTH, length=n)
+    return None
+
+  def snapshot(self, weight_version: str) -> Output:
+    end = self.finished_at if self.finished_at is not None else time.perf_counter()
+    return Output(
+        rid=self.rid, prompt_ids=tuple(self.prompt_ids), output_ids=tuple(self.output_ids),
+        logprobs=tuple(self.logprobs),
+        versions=tuple(VersionSpan(v, s, e) for v, s, e in self.versions), finish=self.finish,
+        weight_version=weight_version, latency_s=end - self.created)
+
+  def notify(self, weight_version: str) -> None:
+    """Reports progress to a streaming caller (`on_update` always hears the final snapshot)."""
+    if self.stream and self.on_update is not None:
+      self.on_update(self.snapshot(weight_version))
+
+  def complete(self, finish: FinishReason, weight_version: str) -> None:
+    self.finish = finish
+    self.finished_at = time.perf_counter()
+    self._final = self.snapshot(weight_version)
+    self._done.set()
+    if self.on_update is not None:
+      self.on_update(self._final)
+
+  # --- caller side -------------------------------------------------------------------------------
+
+  @property
+  def done(self) -> bool:
+    return self._done.is_set()
+
+  def result(self, timeout: float | None = None) -> Output:
+    """Blocks until the request finishes; returns its final snapshot."""
+    if not self._done.wait(timeout):
+      raise TimeoutError(f"request {self.rid} did not finish within {timeout} s.")
+    return self._final

@@ -1,0 +1,221 @@
+"""The device half of the rollout engine: sharded weights, the slot state, and the jitted steps.
+
+Why it is separate from the scheduler: everything here is arrays with static shapes, so nothing
+recompiles per request. The weights are a jit *argument* (an `nnx.State` placed on the rollout mesh),
+so a weight swap is a pointer swap. The KV cache and each slot's next input token and step count form
+one pytree (`SlotState`) that both jitted functions take donated and return, so it is updated in
+place. Prefill runs on a small group of prompts padded to a (group, length) bucket, on a fresh cache
+of the bucket's length, and scatters the result into the chosen slots; decode runs one token for
+every slot at once (idle slots add nothing to the cache).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from flashrl_jax.model import Decoder, KVCache, ModelConfig, load_hf_state, no_shard, read_config
+from flashrl_jax.rollout._sampling import RowSampling, Sampling, sample
+
+# Rollout is tensor-parallel only: whole weight copies per replica, split over `tensor`.
+ROLLOUT_RULES: dict[str, str | None] = {
+    "heads": "tensor", "kv_heads": "tensor", "mlp": "tensor", "vocab": "tensor",
+    "embed": None, "head_dim": None, "batch": None, "length": None}
+
+
+def rollout_mesh(tp: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A 1-D `("tensor",)` mesh over the first `tp` devices."""
+  devices = list(devices if devices is not None else jax.devices())
+  if tp < 1 or tp > len(devices):
+    raise ValueError(f"tp={tp} needs 1..{len(devices)} devices.")
+  return Mesh(np.asarray(devices[:tp]), ("tensor",))
+
+
+def logical_spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+                 rules: dict[str, str | None] = ROLLOUT_RULES) -> P:
+  """Maps logical axis names to mesh axes; an axis that does not divide its dimension replicates."""
+  spec = []
+  for name, dim in zip(names, shape):
+    axis = rules.get(name) if name is not None else None
+    spec.append(axis if axis is not None and dim % mesh.shape[axis] == 0 else None)
+  return P(*spec)
+
+
+def param_shardings(abstract_state: nnx.State, mesh: Mesh,
+                    rules: dict[str, str | None] = ROLLOUT_RULES) -> nnx.State:
+  """A state-shaped tree of `NamedSharding`s read from each parameter's `out_sharding` names."""
+  logical = dict(nnx.to_flat_state(nnx.get_partition_spec(abstract_state)))
+  flat = []
+  for path, variable in nnx.to_flat_state(abstract_state):
+    shape = variable.get_value().shape
+    names = tuple(logical[path].get_value()) or (None,) * len(shape)
+    flat.append((path, variable.replace(NamedSharding(mesh, logical_spec(names, shape, mesh,
+                                                                          rules)))))
+  return nnx.from_flat_state(flat)
+
+
+@struct.dataclass
+class SlotState:
+  """Device state of all decode slots (donated through every step)."""
+
+  cache: KVCache  # [L, B, S, K, H]
+  tokens: jax.Array  # [B] int32: each slot's last sampled token, the next decode input
+  steps: jax.Array  # [B] int32: tokens generated so far (the sampler's per-request counter)
+
+
+def _pow2_at_least(n: int) -> int:
+  return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+class Runner:
+  """Holds the model on the rollout mesh and runs prefill/decode on the slot state."""
+
+  def __init__(self, model_path: str, *, num_slots: int, context_length: int, dtype=jnp.float32,
+               mesh: Mesh | None = None, min_prefill_len: int = 16, max_prefill_batch: int = 4):
+    self.config: ModelConfig = read_config(model_path)
+    self.mesh = mesh if mesh is not None else rollout_mesh(1)
+    self.num_slots, self.context_length = num_slots, context_length
+    self.min_prefill_len, self.max_prefill_batch = min_prefill_len, max_prefill_batch
+    self.dtype = dtype
+    shard = no_shard if self.mesh.size == 1 else self._shard_activation
+    abstract = nnx.eval_shape(lambda: Decoder(self.config, rngs=nnx.Rngs(0), param_dtype=dtype,
+                                              dtype=dtype, shard=shard))
+    self.graphdef, self.abstract_state = nnx.split(abstract)
+    self.shardings = param_shardings(self.abstract_state, self.mesh)
+    self.params = self.load_params(model_path)
+    c = self.config
+    spec = logical_spec((None, None, None, "kv_heads", None),
+                        (c.num_layers, num_slots, context_length, c.num_kv_heads, c.head_dim),
+                        self.mesh)
+    self._cache_sharding = NamedSharding(self.mesh, spec)
+    self._replicated = NamedSharding(self.mesh, P())
+    self.state = self._zero_state()
+    self._decode = jax.jit(self._decode_impl, donate_argnums=(1,))
+    self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1,))
+    self._rows: RowSampling | None = None
+    self._active: jax.Array | None = None
+
+  # --- weights -----------------------------------------------------------------------------------
+
+  def load_params(self, path: str) -> nnx.State:
+    """Reads an HF directory into the running model's structure (ValueError if it does not fit)."""
+    other = read_config(path)
+    mine = self.config
+    for field in ("family", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                  "num_heads", "num_kv_heads", "head_dim", "tie_word_embeddings"):
+      if getattr(other, field) != getattr(mine, field):
+        raise ValueError(f"{path} has {field}={getattr(other, field)!r} but the running model has "
+                         f"{getattr(mine, field)!r}.")
+    return load_hf_state(path, self.config, self.abstract_state, self.shardings)
+
+  def set_params(self, params: nnx.State) -> None:
+    self.params = params
+
+  # --- slot bookkeeping --------------------------------------------------------------------------
+
+  def _shard_activation(self, x: jax.Array, names) -> jax.Array:
+    spec = logical_spec(names, x.shape, self.mesh)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+  def _zero_state(self) -> SlotState:
+    c, b, s = self.config, self.num_slots, self.context_length
+    shape = (c.num_layers, b, s, c.num_kv_heads, c.head_dim)
+    zeros = lambda: jax.device_put(jnp.zeros(shape, self.dtype), self._cache_sharding)
+    ints = lambda: jax.device_put(jnp.zeros((b,), jnp.int32), self._replicated)
+    return SlotState(cache=KVCache(k=zeros(), v=zeros(), lengths=ints()), tokens=ints(),
+                     steps=ints())
+
+  def reset(self) -> None:
+    """Drops every slot's KV (all slots must be free)."""
+    self.state = self._zero_state()
+
+  def set_slots(self, rows: list[tuple[Sampling, int, tuple[int, ...]] | tuple[None, int, tuple]],
+                active: np.ndarray) -> None:
+    """Uploads the per-slot sampling options and the active mask (only when they change)."""
+    put = lambda x: jax.device_put(x, self._replicated)
+    self._rows = jax.tree.map(put, RowSampling.host(rows, self.num_slots))
+    self._active = put(np.asarray(active, bool))
+
+  # --- steps -------------------------------------------------------------------------------------
+
+  def prefill_bucket(self, lengths: Sequence[int]) -> tuple[int, int]:
+    """The (group, length) bucket a group of prompts of these lengths is padded to."""
+    t = min(max(_pow2_at_least(max(lengths)), self.min_prefill_len), self.context_length)
+    return _pow2_at_least(len(lengths)), t
+
+  def prefill(self, prompts: Sequence[Sequence[int]], slots: Sequence[int],
+              rows: Sequence[tuple[Sampling, int, tuple[int, ...]]], steps: Sequence[int]
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Processes whole prompts into `slots`; returns each one's next token and its log-prob."""
+    g, t = self.prefill_bucket([len(p) for p in prompts])
+    n = len(prompts)
+    tokens = np.zeros((g, t), np.int32)
+    for i, p in enumerate(prompts):
+      tokens[i, :len(p)] = p
+    lengths = np.zeros(g, np.int32)
+    lengths[:n] = [len(p) for p in prompts]
+    slot_ids = np.full(g, self.num_slots, np.int32)  # padding rows scatter out of bounds: dropped
+    slot_ids[:n] = slots
+    step_arr = np.zeros(g, np.int32)
+    step_arr[:n] = steps
+    row_arr = RowSampling.host(list(rows), g)
+    self.state, new_tokens, logprobs = self._prefill(
+        self.params, self.state, tokens, lengths, slot_ids, row_arr, step_arr)
+    new_tokens, logprobs = jax.device_get((new_tokens, logprobs))
+    return new_tokens[:n], logprobs[:n]
+
+  def decode(self) -> tuple[np.ndarray, np.ndarray]:
+    """One token for every active slot; returns `[B]` tokens and log-probs (idle slots: junk)."""
+    self.state, tokens, logprobs = self._decode(self.params, self.state, self._rows, self._active)
+    return jax.device_get((tokens, logprobs))
+
+  def compiled_count(self) -> int:
+    """How many programs have been compiled (weight swaps must not add any)."""
+    return self._decode._cache_size() + self._prefill._cache_size()
+
+  # --- jitted bodies -----------------------------------------------------------------------------
+
+  def _constrain(self, state: SlotState) -> SlotState:
+    cache = state.cache.replace(
+        k=jax.lax.with_sharding_constraint(state.cache.k, self._cache_sharding),
+        v=jax.lax.with_sharding_constraint(state.cache.v, self._cache_sharding))
+    return state.replace(cache=cache)
+
+  def _prefill_impl(self, params: nnx.State, state: SlotState, tokens: jax.Array,
+                    lengths: jax.Array, slots: jax.Array, rows: RowSampling, steps: jax.Array):
+    model = nnx.merge(self.graphdef, params)
+    g, t = tokens.shape
+    fresh = model.init_cache(g, t)
+    hidden, fresh = model.extend(tokens, lengths, fresh)
+    last = hidden[jnp.arange(g), jnp.maximum(lengths - 1, 0)]  # [G, D]
+    new_tokens, logprobs = sample(model.logits(last), rows, steps)
+    c = state.cache
+    cache = KVCache(k=c.k.at[:, slots, :t].set(fresh.k.astype(c.k.dtype), mode="drop"),
+                    v=c.v.at[:, slots, :t].set(fresh.v.astype(c.v.dtype), mode="drop"),
+                    lengths=c.lengths.at[slots].set(lengths, mode="drop"))
+    state = SlotState(cache=cache, tokens=state.tokens.at[slots].set(new_tokens, mode="drop"),
+                      steps=state.steps.at[slots].set(steps + 1, mode="drop"))
+    return self._constrain(state), new_tokens, logprobs
+
+  def _decode_impl(self, params: nnx.State, state: SlotState, rows: RowSampling,
+                   active: jax.Array):
+    model = nnx.merge(self.graphdef, params)
+    num_new = active.astype(jnp.int32)
+    hidden, cache = model.extend(state.tokens[:, None], num_new, state.cache)
+    new_tokens, logprobs = sample(model.logits(hidden[:, 0]), rows, state.steps)
+    new_tokens = jnp.where(active, new_tokens, state.tokens)
+    state = SlotState(cache=cache, tokens=new_tokens, steps=state.steps + num_new)
+    return self._constrain(state), new_tokens, logprobs
+
+
+def describe(runner: Runner) -> dict[str, Any]:
+  """Static facts about the runner for `/server_info`."""
+  return {"tp_size": runner.mesh.size, "context_length": runner.context_length,
+          "max_running_requests": runner.num_slots, "dtype": jnp.dtype(runner.dtype).name,
+          "min_prefill_len": runner.min_prefill_len, "max_prefill_batch": runner.max_prefill_batch}

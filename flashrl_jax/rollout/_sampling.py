@@ -1,0 +1,238 @@
+"""Token sampling for the rollout engine: typed per-request options, and one batched device sampler.
+
+Why it looks like this: every decode slot may carry different options (one greedy, one at T=0.7 with
+top-p 0.9, ...) yet all slots are sampled in one jitted call, so options become per-row arrays
+(`RowSampling`) and each truncation rule is a small strategy object that says which sorted
+candidates it keeps. The behaviour log-prob follows SGLang: `log_softmax(logits / T)` of the chosen
+token after the min-new-tokens ban and before any top-k/top-p/min-p truncation; greedy rows report
+`log_softmax(logits)`. Randomness is a pure function of (request seed, output index), so a request
+draws the same tokens whatever slot, batch or recomputation it runs in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+# How many stop token ids (eos included) one request may ban before `min_new_tokens`.
+MAX_STOP_IDS = 16
+
+# SGLang keys we accept only at their neutral value (a non-neutral one is an error, never ignored).
+_NEUTRAL = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+            "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None,
+            "logit_bias": None, "custom_params": None, "stop_regex": None}
+# SGLang keys that only shape streaming/formatting and are safe to ignore.
+_IGNORED = {"stream_interval"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """One request's sampling options, SGLang's `sampling_params` (same names and defaults).
+
+  `max_new_tokens=None` means "until the context is full". `sampling_seed=None` lets the engine draw
+  a seed. `n` is handled by the caller (one engine request per sample).
+  """
+
+  max_new_tokens: int | None = 128
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = -1
+  min_p: float = 0.0
+  stop: tuple[str, ...] = ()
+  stop_token_ids: tuple[int, ...] = ()
+  ignore_eos: bool = False
+  min_new_tokens: int = 0
+  n: int = 1
+  skip_special_tokens: bool = True
+  spaces_between_special_tokens: bool = True
+  no_stop_trim: bool = False
+  sampling_seed: int | None = None
+
+  def __post_init__(self):
+    if self.max_new_tokens is not None and self.max_new_tokens < 0:
+      raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}.")
+    if self.min_new_tokens < 0:
+      raise ValueError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}.")
+    if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
+      raise ValueError(f"min_new_tokens={self.min_new_tokens} > max_new_tokens="
+                       f"{self.max_new_tokens}.")
+    if not self.temperature >= 0:
+      raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+    if self.top_k == 0 or self.top_k < -1:
+      raise ValueError(f"top_k must be -1 (all) or >= 1, got {self.top_k}.")
+    if not 0 <= self.min_p <= 1:
+      raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
+    if self.n < 1:
+      raise ValueError(f"n must be >= 1, got {self.n}.")
+    if any(not s for s in self.stop):
+      raise ValueError("stop strings must be non-empty.")
+    if any(t < 0 for t in self.stop_token_ids):
+      raise ValueError(f"stop_token_ids must be >= 0, got {list(self.stop_token_ids)}.")
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0
+
+  @classmethod
+  def from_json(cls, obj: Mapping[str, Any] | None) -> "Sampling":
+    """Parses a JSON `sampling_params` object; unknown or unsupported keys raise ValueError."""
+    if obj is None:
+      return cls()
+    if not isinstance(obj, Mapping):
+      raise ValueError(f"sampling_params must be an object, got {type(obj).__name__}.")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in obj.items():
+      if key in _IGNORED:
+        continue
+      if key in _NEUTRAL:
+        if value is not None and value != _NEUTRAL[key]:
+          raise ValueError(f"sampling param {key}={value!r} is not supported by this engine.")
+        continue
+      if key not in fields:
+        raise ValueError(f"unknown sampling param {key!r}.")
+      if value is None:
+        if key in ("max_new_tokens", "sampling_seed"):
+          kwargs[key] = None
+        continue  # JSON null means "default", as in SGLang.
+      kwargs[key] = _coerce(key, value)
+    return cls(**kwargs)
+
+
+def _coerce(key: str, value: Any) -> Any:
+  def number(v, kind):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+      raise ValueError(f"sampling param {key} must be a number, got {v!r}.")
+    if kind is int and v != int(v):
+      raise ValueError(f"sampling param {key} must be an integer, got {v!r}.")
+    return kind(v)
+
+  if key in ("max_new_tokens", "top_k", "min_new_tokens", "n", "sampling_seed"):
+    return number(value, int)
+  if key in ("temperature", "top_p", "min_p"):
+    return number(value, float)
+  if key == "stop":
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+      raise ValueError(f"stop must be a string or a list of strings, got {value!r}.")
+    return tuple(stops)
+  if key == "stop_token_ids":
+    if not isinstance(value, list):
+      raise ValueError(f"stop_token_ids must be a list of ints, got {value!r}.")
+    return tuple(number(v, int) for v in value)
+  if not isinstance(value, bool):
+    raise ValueError(f"sampling param {key} must be a boolean, got {value!r}.")
+  return value
+
+
+# --- per-row device arrays ---------------------------------------------------------------------------
+
+@struct.dataclass
+class RowSampling:
+  """`Sampling` of B rows as arrays `[B]` (stop_ids `[B, MAX_STOP_IDS]`, -1 padded)."""
+
+  temperature: jax.Array
+  top_p: jax.Array
+  top_k: jax.Array  # int32, -1 = all
+  min_p: jax.Array
+  seed: jax.Array  # uint32 [B, 2]: high and low halves of a 64-bit seed
+  min_new: jax.Array  # int32: ban stop_ids while fewer tokens than this were generated
+  stop_ids: jax.Array  # int32 [B, MAX_STOP_IDS]
+
+  @staticmethod
+  def host(rows: list[tuple[Sampling, int, tuple[int, ...]]], size: int) -> "RowSampling":
+    """NumPy arrays for `size` rows from (options, seed, banned ids) triples; the rest are idle."""
+    temperature = np.zeros(size, np.float32)
+    top_p = np.ones(size, np.float32)
+    top_k = np.full(size, -1, np.int32)
+    min_p = np.zeros(size, np.float32)
+    seed = np.zeros((size, 2), np.uint32)
+    min_new = np.zeros(size, np.int32)
+    stop_ids = np.full((size, MAX_STOP_IDS), -1, np.int32)
+    for i, (s, row_seed, banned) in enumerate(rows):
+      if s is None:
+        continue
+      temperature[i], top_p[i], top_k[i], min_p[i] = s.temperature, s.top_p, s.top_k, s.min_p
+      seed[i] = (row_seed >> 32) & 0xFFFFFFFF, row_seed & 0xFFFFFFFF
+      min_new[i] = s.min_new_tokens
+      stop_ids[i, :len(banned)] = banned
+    return RowSampling(temperature, top_p, top_k, min_p, seed, min_new, stop_ids)
+
+
+# --- truncation strategies ---------------------------------------------------------------------------
+# Each sees candidates sorted by decreasing probability and keeps a prefix of them.
+
+class TopK:
+  def keep(self, sorted_probs: jax.Array, rows: RowSampling) -> jax.Array:
+    rank = jnp.arange(sorted_probs.shape[-1])[None]
+    k = jnp.where(rows.top_k > 0, rows.top_k, sorted_probs.shape[-1])
+    return rank < k[:, None]
+
+
+class TopP:
+  def keep(self, sorted_probs: jax.Array, rows: RowSampling) -> jax.Array:
+    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+    return mass_before < rows.top_p[:, None]
+
+
+class MinP:
+  def keep(self, sorted_probs: jax.Array, rows: RowSampling) -> jax.Array:
+    return sorted_probs >= rows.min_p[:, None] * sorted_probs[:, :1]
+
+
+TRUNCATIONS = (TopK(), TopP(), MinP())
+
+
+def _truncate(scaled: jax.Array, rows: RowSampling) -> jax.Array:
+  """Sets logits outside every strategy's kept prefix to -inf (the top candidate always stays)."""
+  sorted_logits = -jnp.sort(-scaled, axis=-1)
+  sorted_probs = jax.nn.softmax(sorted_logits, axis=-1)
+  keep = jnp.ones(scaled.shape, bool)
+  for strategy in TRUNCATIONS:
+    keep &= strategy.keep(sorted_probs, rows)
+  num_kept = jnp.maximum(keep.sum(-1), 1)
+  threshold = jnp.take_along_axis(sorted_logits, (num_kept - 1)[:, None], axis=-1)
+  return jnp.where(scaled >= threshold, scaled, -jnp.inf)
+
+
+def _needs_truncation(rows: RowSampling, vocab: int) -> jax.Array:
+  sampled = rows.temperature > 0
+  return jnp.any(sampled & (((rows.top_k > 0) & (rows.top_k < vocab)) | (rows.top_p < 1)
+                            | (rows.min_p > 0)))
+
+
+def _uniforms(seed: jax.Array, steps: jax.Array) -> jax.Array:
+  def one(s, step):
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(0), s[0]), s[1])
+    return jax.random.uniform(jax.random.fold_in(key, step))
+  return jax.vmap(one)(seed, steps)
+
+
+def sample(logits: jax.Array, rows: RowSampling, steps: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Draws one token per row. `logits` `[B, V]` float32, `steps` `[B]` = tokens generated so far.
+
+  Returns (tokens `[B]` int32, behaviour log-probs `[B]` float32).
+  """
+  b, vocab = logits.shape
+  banned = jnp.where((steps < rows.min_new)[:, None] & (rows.stop_ids >= 0), rows.stop_ids, vocab)
+  logits = logits.at[jnp.arange(b)[:, None], banned].set(-jnp.inf, mode="drop")
+  greedy = rows.temperature <= 0
+  scaled = logits / jnp.where(greedy, 1.0, rows.temperature)[:, None]
+  logp = jax.nn.log_softmax(scaled, axis=-1)
+  truncated = jax.lax.cond(_needs_truncation(rows, vocab), _truncate, lambda x, _: x, scaled, rows)
+  # Inverse-CDF sampling: one uniform per row instead of V Gumbel draws.
+  cdf = jnp.cumsum(jax.nn.softmax(truncated, axis=-1), axis=-1)
+  u = _uniforms(rows.seed, steps) * cdf[:, -1]
+  drawn = jnp.minimum(jnp.sum(cdf <= u[:, None], axis=-1), vocab - 1)
+  # Guard against float round-off landing on a truncated (zero-probability) candidate.
+  drawn = jnp.where(jnp.isfinite(jnp.take_along_axis(truncated, drawn[:, None], -1)[:, 0]), drawn,
+                    jnp.argmax(truncated, axis=-1))
+  tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
+  return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
