@@ -25,6 +25,7 @@ class StepRecord:
   train_s: float = 0.0
   wait_data_s: float = 0.0
   gen_s: float = 0.0
+  first_start: float = 0.0  # earliest generation start among the batch's responses
   samples: int = 0
   response_tokens: int = 0
   train_tokens: int = 0

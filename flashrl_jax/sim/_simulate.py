@@ -92,7 +92,7 @@ class Run:
         step=len(self.records) + 1, policy_version=self.version + 1, start_time=now,
         train_s=seconds, wait_data_s=max(now - self._trainer_free_since, 0.0),
         gen_s=max(g.ready_time for g in batch) - min(first_start, self.step_started),
-        samples=len(requests), response_tokens=sum(r.length for r in requests),
+        first_start=first_start, samples=len(requests), response_tokens=sum(r.length for r in requests),
         train_tokens=train_tokens, staleness=[self.version - r.start_version for r in requests],
         response_lengths=[r.length for r in requests], dropped_samples=self._dropped)
     self._dropped = 0

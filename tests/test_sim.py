@@ -1,0 +1,187 @@
+"""Simulator tests: determinism, a hand-computed sync step, the α invariants, rollout mechanisms."""
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flashrl_jax import sim
+
+
+class CycleLengths:
+  """Test double for `LengthModel`: hands out `values` in order, cyclically (no randomness)."""
+
+  def __init__(self, values, prompt_tokens: int = 0):
+    self._values = itertools.cycle(values)
+    self.prompt_tokens = prompt_tokens
+
+  def sample(self, rng, prompt_z, group_size):
+    del rng
+    return np.array([[next(self._values) for _ in range(group_size)] for _ in prompt_z])
+
+
+def tiny(**changes) -> sim.SimConfig:
+  base = sim.SimConfig(
+      gpus=4, slots=4, batch_prompts=4, group_size=4, steps=4, warmup_steps=1,
+      lengths=sim.LengthModel.with_mean(200, sigma=1.0, max_len=2000, prompt_tokens=16),
+      cost=sim.CostModel(decode=sim.LinearDecode(0.01, 0.001), prefill_s_per_token=1e-4,
+                         train=sim.TrainModel(0.5, 1e-4), sync=sim.SyncModel(0.1, 0.05, 0.2, 0.05),
+                         reward_s=0.05, reward_workers=4))
+  return base.replace(**changes)
+
+
+def test_deterministic_given_seed():
+  config = tiny(training=sim.AsyncTraining(alpha=2, train_gpus=1))
+  a, b = sim.simulate(config, seed=3), sim.simulate(config, seed=3)
+  assert a.summary() == b.summary()
+  assert [r.response_lengths for r in a.records] == [r.response_lengths for r in b.records]
+  assert sim.simulate(config, seed=4).summary() != a.summary()
+
+
+@pytest.mark.parametrize("dispatch, generation_s", [
+    # Durations 1, 3, 2, 0.5 s on 2 single-slot workers.
+    (sim.BatchRollout(), 3.0 + 2.0),  # waves (1, 3) and (2, 0.5): sum of per-wave maxima
+    (sim.QueueScheduling(), 3.5),     # list schedule: w0 runs 1 → 2 → 0.5, w1 runs 3
+])
+def test_sync_step_is_generation_plus_train_plus_sync(dispatch, generation_s):
+  config = sim.SimConfig(
+      gpus=2, slots=1, batch_prompts=2, group_size=2, steps=3, warmup_steps=0,
+      lengths=CycleLengths((100, 300, 200, 50)), dispatch=dispatch,
+      cost=sim.CostModel(decode=sim.LinearDecode(0.01), train=sim.TrainModel(fixed_s=1.0),
+                         sync=sim.SyncModel(export_s=0.2, load_s=0.3)))
+  result = sim.simulate(config)
+  step = generation_s + 1.0 + 0.5
+  ends = [r.end_time for r in result.records]
+  np.testing.assert_allclose(ends, [step * k - 0.5 for k in (1, 2, 3)], rtol=1e-9)
+  np.testing.assert_allclose([r.gen_s for r in result.records], generation_s, rtol=1e-9)
+  assert result.staleness_hist == {0: 12}
+  assert result.idle_fraction > 0
+
+
+def test_async_alpha_zero_is_on_policy_and_never_overlaps():
+  result = sim.simulate(tiny(training=sim.AsyncTraining(alpha=0, train_gpus=1), steps=6), seed=1)
+  assert set(result.staleness_hist) == {0}
+  assert result.dropped_samples == 0
+  for prev, cur in zip(result.records, result.records[1:]):
+    # Every response of step k+1 started after step k's update finished training.
+    assert cur.first_start >= prev.end_time
+
+
+@settings(max_examples=12, deadline=None)
+@given(alpha=st.integers(0, 4), seed=st.integers(0, 2**16), train_gpus=st.integers(1, 3),
+       train_s=st.floats(0.0, 3.0), pause=st.sampled_from(list(sim.PauseMode)))
+def test_staleness_bound_holds_for_every_consumed_sample(alpha, seed, train_gpus, train_s, pause):
+  config = tiny(training=sim.AsyncTraining(alpha=alpha, train_gpus=train_gpus), pause=pause,
+                cost=dataclasses.replace(tiny().cost, train=sim.TrainModel(train_s, 1e-4)))
+  result = sim.simulate(config, seed=seed)
+  for record in result.records:
+    assert max(record.staleness) <= alpha
+    assert min(record.staleness) >= 0
+  assert sum(result.staleness_hist.values()) == config.steps * config.samples_per_step
+
+
+def test_async_outpaces_sync_on_long_tail():
+  sync = sim.simulate(tiny(steps=6), seed=0)
+  fast = sim.simulate(tiny(steps=6, training=sim.AsyncTraining(alpha=2, train_gpus=1)), seed=0)
+  assert fast.samples_per_s > 1.3 * sync.samples_per_s
+
+
+def test_prompt_replication_cuts_generation_time_on_skewed_groups():
+  # Hard prompts make all 8 of their responses long; fewer groups than workers.
+  skewed = sim.LengthModel.with_mean(300, sigma=1.2, max_len=4000, prompt_corr=0.9,
+                                     prompt_tokens=16)
+  cost = dataclasses.replace(tiny().cost, decode=sim.LinearDecode(0.01, 0.002))
+  gen = {}
+  for placement in (sim.GroupPlacement(), sim.PromptReplication()):
+    config = tiny(gpus=8, slots=8, group_size=8, batch_prompts=4, lengths=skewed, cost=cost,
+                  placement=placement)
+    gen[type(placement)] = np.mean([sim.simulate(config, seed=s).gen_time_s for s in range(3)])
+  assert gen[sim.PromptReplication] < 0.8 * gen[sim.GroupPlacement]
+
+
+def test_queue_scheduling_beats_batch_rollout():
+  gen = {}
+  for dispatch in (sim.BatchRollout(), sim.QueueScheduling()):
+    gen[type(dispatch)] = sim.simulate(tiny(dispatch=dispatch, batch_prompts=8), seed=0).gen_time_s
+  assert gen[sim.QueueScheduling] < 0.8 * gen[sim.BatchRollout]
+
+
+def test_async_throughput_is_monotone_in_rollout_workers():
+  rates = []
+  for gpus in (2, 3, 5, 9):
+    config = tiny(gpus=gpus, steps=6, training=sim.AsyncTraining(alpha=2, train_gpus=1),
+                  cost=dataclasses.replace(tiny().cost, train=sim.TrainModel(0.1, 1e-5)))
+    rates.append(sim.simulate(config, seed=0).samples_per_s)
+  assert all(b >= 0.98 * a for a, b in zip(rates, rates[1:])), rates
+  assert rates[-1] > 2 * rates[0]
+
+
+def test_abort_mode_pays_for_reprefill():
+  base = tiny(training=sim.AsyncTraining(alpha=2, train_gpus=1),
+              cost=dataclasses.replace(tiny().cost, prefill_s_per_token=2e-3))
+  in_place = sim.simulate(base, seed=0)
+  abort = sim.simulate(base.replace(pause=sim.PauseMode.ABORT), seed=0)
+  assert abort.samples_per_s < in_place.samples_per_s
+
+
+def test_metrics_records_match_the_controller_format():
+  result = sim.simulate(tiny(training=sim.AsyncTraining(alpha=1, train_gpus=1)), seed=0)
+  lines = result.to_metrics()
+  assert len(lines) == 5
+  for key in ("step", "policy_version", "samples_per_s", "staleness_hist", "reward_mean",
+              "time/train_s", "time/wait_data_s", "response_lengths"):
+    assert key in lines[0]
+  assert [line["policy_version"] for line in lines] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("changes, error", [
+    (dict(placement=sim.GroupPlacement(), slots=2), ValueError),
+    (dict(training=sim.AsyncTraining(alpha=1, train_gpus=4)), ValueError),
+    (dict(gpus_per_worker=3), ValueError),
+    (dict(pause="sideways"), ValueError),
+    (dict(dispatch="queue"), TypeError),
+])
+def test_bad_configs_fail_when_built(changes, error):
+  with pytest.raises(error):
+    tiny(**changes)
+
+
+def test_fit_lengths_recovers_lognormal_and_pareto_and_correlation():
+  rng = np.random.default_rng(0)
+  truth = sim.LengthModel(sim.LengthFamily.LOGNORMAL, loc=6.0, shape=0.8, max_len=10**7,
+                          prompt_corr=0.5)
+  lengths = truth.sample(rng, truth.prompt_factors(rng, 2000), 8)
+  fit = sim.fit_lengths(lengths, max_len=10**7)
+  assert fit.loc == pytest.approx(6.0, abs=0.05)
+  assert fit.shape == pytest.approx(0.8, rel=0.05)
+  assert fit.prompt_corr == pytest.approx(0.5, abs=0.06)
+  pareto = sim.LengthModel(sim.LengthFamily.PARETO, loc=100.0, shape=2.5, max_len=10**9)
+  samples = pareto.sample(rng, pareto.prompt_factors(rng, 20000), 1)
+  fit = sim.fit_lengths(samples.ravel(), sim.LengthFamily.PARETO)
+  assert fit.shape == pytest.approx(2.5, rel=0.06)
+
+
+@pytest.mark.parametrize("family, loc, shape", [("lognormal", None, 1.0), ("pareto", 500.0, 1.5)])
+def test_length_model_mean_matches_samples(family, loc, shape):
+  if family == "lognormal":
+    model = sim.LengthModel.with_mean(8192, sigma=shape, max_len=32768)
+    assert model.mean() == pytest.approx(8192, rel=1e-6)
+  else:
+    model = sim.LengthModel(family, loc=loc, shape=shape, max_len=32768)
+  rng = np.random.default_rng(1)
+  draws = model.sample(rng, model.prompt_factors(rng, 50000), 1)
+  assert draws.max() <= 32768
+  assert draws.mean() == pytest.approx(model.mean(), rel=0.02)
+
+
+def test_fit_linear_decode_and_roofline():
+  decode = sim.fit_linear_decode([1, 2, 4, 8], [0.011, 0.012, 0.014, 0.018])
+  assert decode.t_base_s == pytest.approx(0.010)
+  assert decode.t_per_active_s == pytest.approx(0.001)
+  roof = sim.RooflineDecode.qwen3_8b(mean_context=4096)
+  # Memory bound: a bigger batch costs more per step but much less per token.
+  assert roof.step_time(64) > roof.step_time(1)
+  assert roof.step_time(64) / 64 < roof.step_time(1) / 4
