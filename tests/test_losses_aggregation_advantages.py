@@ -99,7 +99,7 @@ def test_constant_group_gives_zero_not_nan():
 
 
 def test_group_advantage_input_errors():
-    with pytest.raises(ValueError, match=r"group_ids has shape \(4,\) but rewards has shape \(5,\)"):
+    with pytest.raises(ValueError, match=r"group_ids has shape \(4,\) but rewards has shape"):
         losses.grpo_advantages(REWARDS, GROUPS[:4])
     with pytest.raises(ValueError, match="rewards must be"):
         losses.rloo_advantages(REWARDS[None], GROUPS[None])

@@ -39,7 +39,8 @@ def value_and_grad(name, lp, b=BEH, a=ADV, m=MASK, **kw):
 
 @pytest.mark.parametrize("name", LOSSES)
 def test_shape_mismatch_names_arrays_and_shapes(name):
-    with pytest.raises(ValueError, match=r"behavior_logp has shape \(3, 5\) but logp has shape \(3, 4\)"):
+    mismatch = r"behavior_logp has shape \(3, 5\) but logp has shape \(3, 4\)"
+    with pytest.raises(ValueError, match=mismatch):
         LOSSES[name](LP, np.zeros((B, T + 1)), ADV, MASK)
     with pytest.raises(ValueError, match=r"mask has shape \(4, 3\)"):
         LOSSES[name](LP, BEH, ADV, MASK.T)
@@ -154,3 +155,13 @@ def test_bad_hyperparameters_raise():
         losses.grpo(LP, BEH, ADV, MASK, kl_coef=0.1)
     with pytest.raises(ValueError, match="unknown KL estimator"):
         losses.grpo(LP, BEH, ADV, MASK, ref_logp=BEH, kl_estimator="k4")
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_bfloat16_log_probs_are_upcast(name):
+    lp16, beh16 = LP.astype(jnp.bfloat16), BEH.astype(jnp.bfloat16)
+    loss16, _, grad16 = value_and_grad(name, lp16, beh16, prox=beh16, ref=beh16)
+    lp32, beh32 = np.asarray(lp16, np.float32), np.asarray(beh16, np.float32)
+    loss32, _, grad32 = value_and_grad(name, lp32, beh32, prox=beh32, ref=beh32)
+    np.testing.assert_allclose(loss16, loss32, rtol=1e-6)  # computed in float32 either way
+    np.testing.assert_allclose(grad16.astype(np.float32), grad32, rtol=1e-2, atol=1e-3)

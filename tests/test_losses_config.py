@@ -1,4 +1,4 @@
-"""LossConfig validation, compute_policy_loss dispatch, KL estimators, entropy bonus, diagnostics."""
+"""LossConfig validation, compute_policy_loss dispatch, KL estimators, entropy, diagnostics."""
 
 import dataclasses
 

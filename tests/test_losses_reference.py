@@ -248,10 +248,12 @@ ON_POLICY = {
 @pytest.mark.parametrize("name", ON_POLICY)
 @pytest.mark.parametrize("agg", AGGS)
 def test_on_policy_gradient_is_reinforce(name, agg):
-    """logp == behavior_logp == prox_logp (== ref_logp): every loss's gradient is −c·A (REINFORCE)."""
+    """logp == behavior_logp == prox_logp (== ref_logp): every gradient is REINFORCE's −c·A."""
     lp, _, _, _, a = make_batch(10)
     a = np.broadcast_to(a[:, :1], a.shape).copy()  # sequence-level A, so TOPR's T+ is well defined
-    value_at = lambda x: ON_POLICY[name](x, a, MASK, aggregation=agg, max_length=MAX_LENGTH)[0]  # noqa: E731
+    def value_at(x):
+        return ON_POLICY[name](x, a, MASK, aggregation=agg, max_length=MAX_LENGTH)[0]
+
     grad = np.asarray(jax.grad(value_at)(np.float32(lp)))
     reinforce = -np_token_weights(MASK, agg, MAX_LENGTH) * a
     np.testing.assert_allclose(grad, reinforce, rtol=1e-5, atol=1e-7)

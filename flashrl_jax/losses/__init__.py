@@ -1,4 +1,4 @@
-"""flashrl_jax.losses: off-policy policy losses, advantage estimators, KL/entropy terms, diagnostics.
+"""flashrl_jax.losses: off-policy policy losses, advantages, KL/entropy terms, diagnostics.
 
 Pure functions of `[B, T]` arrays; the model never runs inside a loss (log-probs and entropies are
 computed outside, chunked over the vocabulary). Ratios are taken against the *behaviour policy*,

@@ -1,4 +1,4 @@
-"""Advantage estimators: group baselines (GRPO, Dr. GRPO, RLOO) and token returns (REINFORCE++, GAE).
+"""Advantage estimators: group baselines (GRPO, Dr. GRPO, RLOO), token returns (REINFORCE++, GAE).
 
 Why here: the advantage is half of every policy loss and the most common source of silent
 ablation bugs (which std, which baseline, what a group of one means), so each estimator is a
@@ -139,7 +139,8 @@ def discounted_returns(rewards: ArrayLike, mask: ArrayLike, *, gamma: float = 1.
 def reinforce_plus_plus_advantages(
     rewards: ArrayLike, mask: ArrayLike, *, gamma: float = 1.0, eps: float = 1e-8
 ) -> jax.Array:
-    """REINFORCE++ advantages (Hu 2025, "REINFORCE++: ... Robust to Prompt and Reward Models"), `[B, T]`.
+    """REINFORCE++ advantages `[B, T]` (Hu 2025, "REINFORCE++: ... Robust to Prompt and Reward
+    Models").
 
     Discounted token returns `G_t` (see `discounted_returns`), then normalised over all valid
     tokens of the *batch* (no per-prompt baseline, no critic): `(G − μ) / sqrt(σ² + eps)`. Per-token

@@ -19,7 +19,7 @@ from jax.typing import ArrayLike
 
 
 class Aggregation(enum.Enum):
-    """Loss aggregation modes (`mask` = valid tokens, `n_i` = valid tokens of row i, `S` = non-empty rows).
+    """Loss aggregation modes (`n_i` = valid tokens of row i, `S` = the non-empty rows).
 
     * `TOKEN_MEAN`: `Σ_{i,t} ℓ_it / Σ_{i,t} mask_it` (DAPO, ROLL default).
     * `SEQ_MEAN_TOKEN_MEAN`: `1/|S| Σ_i (1/n_i) Σ_t ℓ_it` (GRPO as written in DeepSeekMath).

@@ -1,4 +1,4 @@
-"""The loss as a typed config: `LossName`, `LossConfig` and the one dispatching `compute_policy_loss`.
+"""The loss as a typed config: `LossName`, `LossConfig`, and `compute_policy_loss` dispatching once.
 
 Why: an ablation flips the loss by a flag. The flag's string becomes a `LossName` once (here, in
 `LossConfig.__post_init__`), invalid combinations fail when the config is built rather than deep
@@ -70,7 +70,8 @@ class LossConfig:
             name = LossName(self.name)
         except ValueError:
             choices = ", ".join(repr(n.value) for n in LossName)
-            raise ValueError(f"unknown loss name {self.name!r}; expected one of {choices}") from None
+            msg = f"unknown loss name {self.name!r}; expected one of {choices}"
+            raise ValueError(msg) from None
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "aggregation", _aggregation.as_aggregation(self.aggregation))
         object.__setattr__(self, "kl_estimator", _regularizers.as_kl_estimator(self.kl_estimator))
@@ -161,7 +162,9 @@ def compute_policy_loss(
                 *args, clip_low=c.clip_low, clip_high=c.clip_high, **seq, **common
             )
         case LossName.TOPR:
-            loss, metrics = _reinforce.topr(*args, positive=positive, is_cap=is_cap, **seq, **common)
+            loss, metrics = _reinforce.topr(
+                *args, positive=positive, is_cap=is_cap, **seq, **common
+            )
         case LossName.GRPO:
             loss, metrics = _ppo.grpo(
                 *args, ref_logp=ref_logp, kl_coef=c.kl_coef, kl_estimator=c.kl_estimator,

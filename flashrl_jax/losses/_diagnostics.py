@@ -22,7 +22,12 @@ RATIO_HISTOGRAM_EDGES: tuple[float, ...] = (0.5, 0.8, 0.95, 1.05, 1.25, 2.0)
 
 
 def ratio_outside_fraction(
-    logp: ArrayLike, behavior_logp: ArrayLike, mask: ArrayLike, *, low: float = 0.5, high: float = 2.0
+    logp: ArrayLike,
+    behavior_logp: ArrayLike,
+    mask: ArrayLike,
+    *,
+    low: float = 0.5,
+    high: float = 2.0,
 ) -> jax.Array:
     """Fraction of valid tokens whose `r = exp(logp − behavior_logp)` lies outside `[low, high]`."""
     t = _inputs.prepare(logp, behavior_logp, jnp.zeros(jnp.shape(logp)[:1]), mask)
@@ -89,7 +94,8 @@ def staleness(trainer_version: ArrayLike, behavior_version: ArrayLike) -> jax.Ar
     if behavior_version.ndim != 1:
         raise ValueError(f"behavior_version must be [B], got shape {behavior_version.shape}")
     if jnp.ndim(trainer_version) != 0:
-        raise ValueError(f"trainer_version must be a scalar, got shape {jnp.shape(trainer_version)}")
+        shape = jnp.shape(trainer_version)
+        raise ValueError(f"trainer_version must be a scalar, got shape {shape}")
     return (jnp.asarray(trainer_version) - behavior_version).astype(jnp.int32)
 
 

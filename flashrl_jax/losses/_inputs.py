@@ -74,7 +74,7 @@ def prepare(
     mask: ArrayLike,
     **extra: ArrayLike | None,
 ) -> Tokens:
-    """Checks shapes, drops non-finite tokens and zeroes invalid positions (see module docstring)."""
+    """Checks shapes, drops non-finite tokens, zeroes invalid positions (see module docstring)."""
     # Only `logp` is differentiated: the others are data, even if the caller computed them from
     # the same parameters inside its grad function (a leaked gradient through prox_logp or
     # ref_logp would silently change the objective).
@@ -107,7 +107,7 @@ def prepare(
 
 
 def log_ratio(numerator_logp: jax.Array, denominator_logp: jax.Array) -> jax.Array:
-    """`clip(numerator − denominator, ±MAX_LOG_RATIO)`: a log importance ratio safe to exponentiate."""
+    """`clip(numerator − denominator, ±MAX_LOG_RATIO)`: a log-ratio that is safe to exponentiate."""
     return jnp.clip(numerator_logp - denominator_logp, -MAX_LOG_RATIO, MAX_LOG_RATIO)
 
 

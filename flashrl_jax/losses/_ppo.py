@@ -28,7 +28,7 @@ Agg = _aggregation.Aggregation
 def check_clip(clip_low: float, clip_high: float, dual_clip: float | None = None) -> None:
     """Raises ValueError for clip ranges that make the surrogate meaningless."""
     if not 0.0 <= clip_low <= 1.0:
-        raise ValueError(f"clip_low must be in [0, 1] (lower bound 1 − clip_low ≥ 0), got {clip_low}")
+        raise ValueError(f"clip_low must be in [0, 1] (so that 1 − clip_low ≥ 0), got {clip_low}")
     if not clip_high >= 0.0:
         raise ValueError(f"clip_high must be >= 0, got {clip_high}")
     if dual_clip is not None and not dual_clip > 1.0:
@@ -66,7 +66,14 @@ def _sequence_ratio_metrics(seq_lr: jax.Array, valid: jax.Array) -> dict[str, ja
     }
 
 
-def _surrogate_terms(t, *, clip_low, clip_high, dual_clip, sequence_ratio):
+def _surrogate_terms(
+    t: _inputs.Tokens,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+    sequence_ratio: bool,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The PPO/GRPO per-token objective on prepared tokens, and its metrics."""
     token_lr = _inputs.log_ratio(t.logp, t.behavior_logp)
     lr = _inputs.sequence_log_ratio(token_lr, t.valid) if sequence_ratio else token_lr
@@ -100,7 +107,7 @@ def ppo(
     """PPO clipped surrogate against the behaviour policy (Schulman et al. 2017, "Proximal Policy
     Optimization Algorithms"; asymmetric clip-higher as in DAPO).
 
-    Loss `= −agg( min(r·A, clip(r, 1−clip_low, 1+clip_high)·A) )` with `r = exp(logp − behavior_logp)`,
+    Loss `= −agg( min(r·A, clip(r, 1−clip_low, 1+clip_high)·A) )`, `r = exp(logp − behavior_logp)`,
     optionally floored at `dual_clip·A` for `A < 0`. With `sequence_ratio=True` the token ratio is
     replaced by GSPO's `s_i = exp(mean_t log r_it)` broadcast over row i (Zheng et al. 2025; pair it
     with `seq-mean-token-mean` and much smaller clip ranges, e.g. 3e-4/4e-4, for GSPO proper).
@@ -111,9 +118,8 @@ def ppo(
     """
     check_clip(clip_low, clip_high, dual_clip)
     t = _inputs.prepare(logp, behavior_logp, advantages, mask)
-    obj, metrics = _surrogate_terms(
-        t, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, sequence_ratio=sequence_ratio
-    )
+    clip = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
+    obj, metrics = _surrogate_terms(t, **clip, sequence_ratio=sequence_ratio)
     loss = _aggregation.aggregate(-obj, t.valid, aggregation, max_length=max_length)
     metrics["pg_loss"] = loss
     return loss, jax.lax.stop_gradient(metrics)
@@ -197,7 +203,8 @@ def grpo(
     (see `grpo_advantages`) plus a per-token KL penalty to a frozen reference policy.
 
     Loss `= agg( −min(r·A, clip(r)·A) + β·D_t )` with `β = kl_coef` (the paper's 0.04 by default)
-    and `D_t` the chosen estimate of KL(π_θ‖π_ref) (the paper's is k3: `π_ref/π_θ − log(π_ref/π_θ) − 1`).
+    and `D_t` the chosen estimate of KL(π_θ‖π_ref) (the paper's is k3:
+    `π_ref/π_θ − log(π_ref/π_θ) − 1`).
     The paper aggregates with `seq-mean-token-mean`; pass it to reproduce it exactly (the default
     here is `token-mean`, like every loss in this package). `ref_logp` may be omitted iff
     `kl_coef == 0`. Note k-estimators assume tokens drawn from π_θ; for stale samples they are
@@ -212,10 +219,12 @@ def grpo(
     if ref_logp is None and kl_coef != 0:
         raise ValueError("grpo needs ref_logp when kl_coef != 0")
     t = _inputs.prepare(logp, behavior_logp, advantages, mask, ref_logp=ref_logp)
-    obj, metrics = _surrogate_terms(
-        t, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, sequence_ratio=sequence_ratio
-    )
-    agg = lambda x: _aggregation.aggregate(x, t.valid, aggregation, max_length=max_length)  # noqa: E731
+    clip = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
+    obj, metrics = _surrogate_terms(t, **clip, sequence_ratio=sequence_ratio)
+
+    def agg(x):
+        return _aggregation.aggregate(x, t.valid, aggregation, max_length=max_length)
+
     pg_loss = agg(-obj)
     if ref_logp is None:
         kl = jnp.zeros_like(obj)

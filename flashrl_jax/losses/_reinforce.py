@@ -11,6 +11,8 @@ ever zeroed by clipping (unlike PPO); the bound only limits its size.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
@@ -22,7 +24,7 @@ Agg = _aggregation.Aggregation
 
 def _weighted_logp_loss(
     t: _inputs.Tokens,
-    weight_fn,
+    weight_fn: Callable[[jax.Array], jax.Array],
     *,
     aggregation: Agg | str,
     max_length: int | None,
