@@ -109,8 +109,10 @@ class RolloutPool:
     self.wave_generated: list[Request] = []
     self._reward_free = [0.0] * (cost.reward_workers or 0)
 
-  def submit(self, group: Group) -> None:
-    self.pending.extend(self.placement.units(group))
+  def submit(self, groups: list[Group]) -> None:
+    """Queue `groups` together (one batch-level wave can take them all), then dispatch."""
+    for group in groups:
+      self.pending.extend(self.placement.units(group))
     self.dispatch.kick(self, self.loop.now)
 
   def fill(self, now: float) -> list[Request]:

@@ -58,15 +58,18 @@ class Run:
     """Issued groups not yet fully scored."""
     return list(self._live.values())
 
-  def issue(self) -> Group:
-    """Issue one prompt (a dropped prompt is re-issued first, with fresh responses)."""
-    z = self._reissue.popleft() if self._reissue else float(self.rng.standard_normal())
-    lengths = self.config.lengths.sample(self.rng, [z], self.config.group_size)[0]
-    group = Group(next(self._gids), z, lengths, self.config.lengths.prompt_tokens, self.loop.now)
-    self._live[group.gid] = group
-    self.outstanding += 1
-    self.pool.submit(group)
-    return group
+  def issue(self, count: int) -> None:
+    """Issue `count` prompts together (dropped prompts are re-issued first, with fresh responses)."""
+    groups = []
+    for _ in range(count):
+      z = self._reissue.popleft() if self._reissue else float(self.rng.standard_normal())
+      lengths = self.config.lengths.sample(self.rng, [z], self.config.group_size)[0]
+      group = Group(next(self._gids), z, lengths, self.config.lengths.prompt_tokens, self.loop.now)
+      self._live[group.gid] = group
+      groups.append(group)
+    self.outstanding += count
+    if groups:
+      self.pool.submit(groups)
 
   def _on_ready(self, group: Group) -> None:
     del self._live[group.gid]

@@ -36,8 +36,7 @@ class SyncTraining:
 
   def start(self, run: Run) -> None:
     run.step_started = run.loop.now
-    for _ in range(run.config.batch_prompts):
-      run.issue()
+    run.issue(run.config.batch_prompts)
 
   def on_ready(self, run: Run, group: Group) -> None:
     run.buffer.append(group)
@@ -86,12 +85,12 @@ class AsyncTraining:
     self._try_train(run)
 
   def _refill(self, run: Run) -> None:
-    batch = run.config.batch_prompts
-    while not run.finished:
-      t_next = run.version + (1 if run.training else 0)
-      if t_next + run.outstanding // batch - run.rollout_version > self.alpha:
-        break
-      run.issue()
+    # Issue while t_next + ⌊outstanding/B⌋ − v ≤ α, i.e. up to (α + v − t_next + 1)·B outstanding.
+    if run.finished:
+      return
+    t_next = run.version + (1 if run.training else 0)
+    room = (self.alpha + run.rollout_version - t_next + 1) * run.config.batch_prompts
+    run.issue(max(room - run.outstanding, 0))
 
   def _try_train(self, run: Run) -> None:
     if run.trainer_busy or run.finished:
