@@ -1,0 +1,171 @@
+"""The server side of SGLang's `/generate` JSON: request bodies into engine work, outputs into JSON.
+
+Why on its own: every malformed request must be turned into an HTTP 400 *before* any of its samples
+reaches the engine (so a bad request never disturbs others), and the response shapes must match
+`shared/SGLANG_PROTOCOL.md` field for field. Both are plain functions over dicts, kept apart from the
+aiohttp routes so they read (and fail) on their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any, Callable, Sequence
+
+from flashrl_jax.rollout._request import FinishKind, Output
+from flashrl_jax.rollout._sampling import Sampling
+
+
+class BadRequest(ValueError):
+  """A request the server answers with HTTP 400 `{"error": {"message": ...}}`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateItem:
+  """One sample to run: a prompt, its options, its id (n > 1 samples share a `group`)."""
+
+  prompt_ids: list[int]
+  sampling: Sampling
+  rid: str
+  group: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateJob:
+  items: list[GenerateItem]  # prompt-major: all samples of prompt 0, then prompt 1, ...
+  batch: bool  # answer with a JSON list (a batch input, or n > 1)
+  return_logprob: bool
+  return_text_in_logprobs: bool
+  stream: bool
+
+
+def _is_int(x: Any) -> bool:
+  return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _flag(body: dict, key: str, default: bool = False) -> bool:
+  value = body.get(key, default)
+  if value is None:
+    return default
+  if not isinstance(value, bool):
+    raise BadRequest(f"{key} must be a boolean, got {value!r}.")
+  return value
+
+
+def _prompts(body: dict, encode: Callable[[str], list[int]] | None) -> tuple[list[list[int]], bool]:
+  text, ids = body.get("text"), body.get("input_ids")
+  if (text is None) == (ids is None):
+    raise BadRequest("Either text or input_ids should be provided, not both and not neither.")
+  if text is not None:
+    if encode is None:
+      raise BadRequest("this server has no tokenizer (no tokenizer.json); send input_ids.")
+    if isinstance(text, str):
+      return [encode(text)], False
+    if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
+      return [encode(t) for t in text], True
+    raise BadRequest("text must be a string or a non-empty list of strings.")
+  if isinstance(ids, list) and ids and all(_is_int(t) for t in ids):
+    return [list(ids)], False
+  if (isinstance(ids, list) and ids and all(isinstance(p, list) for p in ids)
+      and all(_is_int(t) for p in ids for t in p)):
+    return [list(p) for p in ids], True
+  raise BadRequest("input_ids must be a non-empty list of ints or a list of such lists.")
+
+
+def parse_generate(body: Any, *, encode: Callable[[str], list[int]] | None,
+                   validate: Callable[[list[int], Sampling], None]) -> GenerateJob:
+  """Turns a `/generate` body into samples; raises BadRequest for anything the engine can't serve."""
+  if not isinstance(body, dict):
+    raise BadRequest("the request body must be a JSON object.")
+  prompts, batch = _prompts(body, encode)
+  raw = body.get("sampling_params")
+  if isinstance(raw, list):
+    if len(raw) != len(prompts):
+      raise BadRequest(f"{len(raw)} sampling_params for {len(prompts)} prompts.")
+  else:
+    raw = [raw] * len(prompts)
+  try:
+    samplings = [Sampling.from_json(r) for r in raw]
+  except ValueError as e:
+    raise BadRequest(str(e)) from None
+  rids = body.get("rid")
+  if rids is None:
+    rids = [None] * len(prompts)
+  elif batch and isinstance(rids, list) and len(rids) == len(prompts):
+    pass
+  elif not batch and isinstance(rids, str):
+    rids = [rids]
+  else:
+    raise BadRequest("rid must be a string (or, for a batch, a list with one per prompt).")
+  if any(r is not None and not isinstance(r, str) for r in rids):
+    raise BadRequest("every rid must be a string.")
+  if len(set(r for r in rids if r is not None)) < sum(r is not None for r in rids):
+    raise BadRequest("rids within a batch must be distinct.")
+  return_logprob = _flag(body, "return_logprob")
+  start = body.get("logprob_start_len", -1)
+  if return_logprob and start is not None and (not _is_int(start) or start >= 0):
+    raise BadRequest("input_token_logprobs (logprob_start_len >= 0) are not supported by this "
+                     "server; use logprob_start_len=-1.")
+  top = body.get("top_logprobs_num", 0)
+  if top not in (0, None):
+    raise BadRequest("top_logprobs_num > 0 is not supported by this server.")
+  items = []
+  for prompt, sampling, rid in zip(prompts, samplings, rids):
+    try:
+      validate(prompt, sampling)
+    except ValueError as e:
+      raise BadRequest(str(e)) from None
+    if sampling.n == 1:
+      items.append(GenerateItem(prompt, sampling, rid or uuid.uuid4().hex, None))
+    else:
+      group = rid or uuid.uuid4().hex
+      items += [GenerateItem(prompt, sampling, uuid.uuid4().hex, group)
+                for _ in range(sampling.n)]
+  return GenerateJob(items=items, batch=batch or len(items) > 1,
+                     return_logprob=return_logprob,
+                     return_text_in_logprobs=_flag(body, "return_text_in_logprobs"),
+                     stream=_flag(body, "stream"))
+
+
+def _text(out: Output, sampling: Sampling,
+          decode: Callable[[Sequence[int], bool], str]) -> str:
+  ids = list(out.output_ids)
+  finish = out.finish
+  trim = finish is not None and finish.kind is FinishKind.STOP and not sampling.no_stop_trim
+  if trim and isinstance(finish.matched, int) and ids:
+    ids = ids[:-1]
+  text = decode(ids, sampling.skip_special_tokens)
+  if trim and isinstance(finish.matched, str):
+    at = text.find(finish.matched)
+    text = text[:at] if at >= 0 else text
+  return text
+
+
+def output_json(out: Output, item: GenerateItem, job: GenerateJob,
+                decode: Callable[[Sequence[int], bool], str] | None,
+                index: int | None = None) -> dict[str, Any]:
+  """One result object; `decode=None` when the server has no tokenizer (then no `text`)."""
+  meta: dict[str, Any] = {
+      "id": out.rid,
+      "finish_reason": out.finish.to_json() if out.finish is not None else None,
+      "prompt_tokens": len(out.prompt_ids),
+      "completion_tokens": len(out.output_ids),
+      "cached_tokens": 0,
+      "weight_version": out.weight_version,
+      "weight_versions": [{"version": s.version, "start": s.start, "end": s.end}
+                          for s in out.versions],
+      "e2e_latency": out.latency_s,
+  }
+  if job.return_logprob:
+    with_text = job.return_text_in_logprobs and decode is not None
+    meta["output_token_logprobs"] = [
+        [lp, tok, decode([tok], False) if with_text else None]
+        for lp, tok in zip(out.logprobs, out.output_ids)]
+  result: dict[str, Any] = {}
+  if decode is not None:
+    result["text"] = _text(out, item.sampling, decode)
+  result["output_ids"] = list(out.output_ids)
+  result["meta_info"] = meta
+  if index is not None:
+    result["index"] = index
+  return result

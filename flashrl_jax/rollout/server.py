@@ -1,0 +1,92 @@
+"""`python -m flashrl_jax.rollout.server --model_path=DIR --port=N`: our JAX engine behind SGLang's
+HTTP protocol, for CPUs and TPUs where SGLang does not run (GPU users may run real SGLang instead).
+
+Flags become an `EngineConfig` once, here; everything else is the library. The server binds
+127.0.0.1 unless `--host` says otherwise, compiles the common programs before it listens (so the
+first `/health_generate` is fast), and prints one line `flashrl_jax rollout server ready on
+http://HOST:PORT` when it accepts requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import jax
+import jax.numpy as jnp
+from absl import app, flags
+from aiohttp import web
+
+from flashrl_jax.rollout._engine import Engine, EngineConfig
+from flashrl_jax.rollout._sampling import Sampling
+from flashrl_jax.rollout._server import build_app
+
+_MODEL_PATH = flags.DEFINE_string("model_path", None, "HF checkpoint directory (safetensors).")
+_TOKENIZER_PATH = flags.DEFINE_string("tokenizer_path", None,
+                                      "Directory with tokenizer.json (default: model_path).")
+_HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to bind.")
+_PORT = flags.DEFINE_integer("port", 30000, "Port to bind (0: pick a free one, printed).")
+_MAX_RUNNING = flags.DEFINE_integer("max_running_requests", 8, "Decode slots.")
+_CONTEXT = flags.DEFINE_integer("context_length", 0,
+                                "Max prompt + output tokens (0: the model's, at most 4096).")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights and compute.")
+_TP = flags.DEFINE_integer("tp", 1, "Tensor-parallel devices (the rollout mesh's `tensor` axis).")
+_MAX_PREFILL_BATCH = flags.DEFINE_integer("max_prefill_batch", 4, "Prompts per prefill call.")
+_MIN_PREFILL_LEN = flags.DEFINE_integer("min_prefill_len", 16, "Smallest prefill length bucket.")
+_PREFILL_BUDGET = flags.DEFINE_integer("prefill_token_budget", 4096,
+                                       "Max padded tokens per grouped prefill call.")
+_WEIGHT_VERSION = flags.DEFINE_string("weight_version", "default", "Initial weight version.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seeds requests sent without sampling_seed.")
+_WARMUP = flags.DEFINE_bool("warmup", True, "Compile prefill and decode before listening.")
+_CACHE_DIR = flags.DEFINE_string("compilation_cache_dir", None,
+                                 "JAX persistent compilation cache (faster restarts).")
+
+
+def _config() -> EngineConfig:
+  return EngineConfig(
+      model_path=_MODEL_PATH.value, tokenizer_path=_TOKENIZER_PATH.value,
+      max_running_requests=_MAX_RUNNING.value, context_length=_CONTEXT.value or None,
+      dtype=jnp.dtype(_DTYPE.value), tp=_TP.value, max_prefill_batch=_MAX_PREFILL_BATCH.value,
+      min_prefill_len=_MIN_PREFILL_LEN.value, prefill_token_budget=_PREFILL_BUDGET.value,
+      weight_version=_WEIGHT_VERSION.value, seed=_SEED.value)
+
+
+async def _serve(engine: Engine, args: dict) -> None:
+  runner = web.AppRunner(build_app(engine, args), handler_cancellation=True, access_log=None)
+  await runner.setup()
+  site = web.TCPSite(runner, _HOST.value, _PORT.value)
+  await site.start()
+  port = runner.addresses[0][1]
+  args["port"] = port  # the app holds this dict: /server_info reports the bound port
+  print(f"flashrl_jax rollout server ready on http://{_HOST.value}:{port}", flush=True)
+  stop = asyncio.Event()
+  loop = asyncio.get_running_loop()
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    loop.add_signal_handler(sig, stop.set)
+  await stop.wait()
+  await runner.cleanup()
+
+
+def main(argv) -> None:
+  del argv
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+  if _CACHE_DIR.value:
+    jax.config.update("jax_compilation_cache_dir", _CACHE_DIR.value)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  config = _config()
+  engine = Engine(config)
+  if _WARMUP.value:
+    engine.generate([[0]], Sampling(max_new_tokens=2, temperature=0, ignore_eos=True))
+  args = {"model_path": config.model_path, "tokenizer_path": config.tokenizer_path,
+          "host": _HOST.value, "port": _PORT.value, "weight_version": config.weight_version,
+          "seed": config.seed, "prefill_token_budget": config.prefill_token_budget}
+  try:
+    asyncio.run(_serve(engine, args))
+  finally:
+    engine.shutdown()
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("model_path")
+  app.run(main)
