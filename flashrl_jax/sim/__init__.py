@@ -26,6 +26,14 @@ from flashrl_jax.sim._costs import (
 from flashrl_jax.sim._lengths import LengthFamily, LengthModel, fit_lengths
 from flashrl_jax.sim._results import SimResult, StepRecord
 from flashrl_jax.sim._rollout import BatchRollout, GroupPlacement, PromptReplication, QueueScheduling
+from flashrl_jax.sim._scale import (
+    Workload,
+    mechanism_rows,
+    qwen3_8b_config,
+    scaling_rows,
+    sequence_rows,
+    split_rows,
+)
 from flashrl_jax.sim._simulate import simulate
 from flashrl_jax.sim._training import AsyncTraining, SyncTraining
 
@@ -48,11 +56,17 @@ __all__ = [
     "SyncModel",
     "SyncTraining",
     "TrainModel",
+    "Workload",
     "amortised_bound",
     "barrier_makespan",
     "fit_lengths",
     "fit_linear_decode",
     "list_schedule_makespan",
+    "mechanism_rows",
     "queue_bound",
+    "qwen3_8b_config",
+    "scaling_rows",
+    "sequence_rows",
     "simulate",
+    "split_rows",
 ]

@@ -1,19 +1,22 @@
-"""The two training policies, sync (colocated barrier) and async (rollout–train decoupled with α).
+"""The two training policies, sync (barrier) and async (rollout–train decoupled with α).
 
-Why: these are the policies the controller implements (issue 7), written as small strategy objects
-that drive a simulated run through a handful of primitives (`issue`, `train`, `sync`, `drop`).
+Why: these are the policies the controller implements (`flashrl_jax.controller`, issue 7), written
+as small strategy objects that drive a simulated run through a handful of primitives (`issue`,
+`train`, `sync`, `drop`).
 
-Sync: every GPU generates the whole batch of B prompts, waits for the last response and reward,
-then every GPU trains, then the new weights are loaded; nothing overlaps.
+Sync: the rollout GPUs generate the whole batch of B prompts, everyone waits for the last response
+and reward, the trainer trains, the new weights are loaded; nothing overlaps. Colocated (the
+paper's ROLL-Sync) means the same GPUs do both phases.
 
 Async: the GPUs are split into a rollout pool and a train pool. The trainer at version t consumes
 the first B fully scored groups in completion order whose every sample started at a version
-v ≥ t − α; older groups are dropped (counted) and their prompts re-issued, and in-flight groups
-that can no longer be consumed are aborted at each update. A new prompt is issued only while the
-batch it will land in, t_next + ⌊outstanding/B⌋, is at most α versions ahead of the weights the
-servers hold (t_next is the version the trainer will have when it next consumes). Since the servers
-lag the trainer (v ≤ t ≤ t_next) this implies the paper's cap of (1+α)·B prompts in flight or
-buffered, and with α = 0 it stops generation during training: the run is strictly on-policy.
+v ≥ t − α; older groups are dropped (counted) and their prompts re-issued. A new prompt is issued
+only while the batch it will land in, t_next + ⌊outstanding/B⌋, is at most α versions ahead of the
+weights the servers hold (t_next: the version at the trainer's next consumption). This is the
+controller's `StalenessBound.may_dispatch`; since the servers lag the trainer it implies the
+paper's cap of (1+α)·B prompts in flight or buffered, and with α = 0 it stops generation during
+training, so the run is strictly on-policy. After each step the trainer publishes (export, then
+the servers pause, load and resume) before it takes the next batch, as the controller does.
 """
 
 from __future__ import annotations
@@ -28,11 +31,25 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class SyncTraining:
-  """Colocated synchronous baseline: generate all, wait for the longest, train on every GPU."""
+  """Synchronous baseline: generate the whole batch, wait for the longest, train, load weights.
+
+  Attributes:
+    train_gpus: None for the colocated baseline (every GPU generates, then every GPU trains, as in
+      the paper's ROLL-Sync); an integer for disaggregated pools (the controller's `--mode=sync`
+      on separate rollout and trainer processes).
+  """
+
+  train_gpus: int | None = None
+
+  def __post_init__(self):
+    if self.train_gpus is not None and self.train_gpus < 1:
+      raise ValueError(f"train_gpus must be >= 1 or None, got {self.train_gpus}")
 
   def pools(self, gpus: int) -> tuple[int, int]:
-    """(rollout GPUs, train GPUs); colocated, so both are every GPU."""
-    return gpus, gpus
+    """(rollout GPUs, train GPUs); colocated means both are every GPU."""
+    if self.train_gpus is None:
+      return gpus, gpus
+    return _split(gpus, self.train_gpus)
 
   def start(self, run: Run) -> None:
     run.step_started = run.loop.now
@@ -46,7 +63,7 @@ class SyncTraining:
       run.train(batch, then=lambda: self._trained(run))
 
   def _trained(self, run: Run) -> None:
-    # Colocated: nothing is in flight, so the handoff simply stops everything for its full cost.
+    # Nothing is in flight, so the handoff simply stops everything for its full cost.
     run.loop.at(run.loop.now + run.config.cost.sync.total_s, self._synced, run)
 
   def _synced(self, run: Run) -> None:
@@ -63,19 +80,20 @@ class AsyncTraining:
     alpha: α ≥ 0, the largest allowed `t − v` between the trainer's version t at consumption and
       the version v at which a sample's generation started.
     train_gpus: GPUs of the train pool; the rest serve rollout.
+    abort_hopeless: at each update, abort in-flight groups that can no longer be fresh (the
+      controller instead lets them finish and drops them from the buffer, the default here).
   """
 
   alpha: int = 2
   train_gpus: int = 1
+  abort_hopeless: bool = False
 
   def __post_init__(self):
     if self.alpha < 0 or self.train_gpus < 1:
       raise ValueError(f"need alpha >= 0 and train_gpus >= 1, got {self}")
 
   def pools(self, gpus: int) -> tuple[int, int]:
-    if self.train_gpus >= gpus:
-      raise ValueError(f"train_gpus={self.train_gpus} leaves no rollout GPU out of {gpus}")
-    return gpus - self.train_gpus, self.train_gpus
+    return _split(gpus, self.train_gpus)
 
   def start(self, run: Run) -> None:
     self._refill(run)
@@ -107,15 +125,26 @@ class AsyncTraining:
     self._refill(run)
 
   def _trained(self, run: Run) -> None:
-    # Groups still generating that already hold a sample too old for the new version are hopeless.
-    doomed = [g for g in run.in_flight()
-              if g.oldest_version() is not None and run.version - g.oldest_version() > self.alpha]
-    if doomed:
-      run.drop(doomed)
-    run.trainer_busy = True  # exporting the new version
+    if self.abort_hopeless:
+      doomed = [g for g in run.in_flight() if g.oldest_version() is not None
+                and run.version - g.oldest_version() > self.alpha]
+      if doomed:
+        run.drop(doomed)
+    # As in the controller, the trainer publishes before it takes the next batch: it exports, then
+    # the servers pause, load and resume.
+    run.trainer_busy = True
     run.loop.at(run.loop.now + run.config.cost.sync.export_s, self._exported, run)
 
   def _exported(self, run: Run) -> None:
+    run.sync(run.version, then=lambda: self._published(run))
+
+  def _published(self, run: Run) -> None:
     run.trainer_idle()
-    run.sync(run.version, then=lambda: self._refill(run))
+    self._refill(run)
     self._try_train(run)
+
+
+def _split(gpus: int, train_gpus: int) -> tuple[int, int]:
+  if train_gpus >= gpus:
+    raise ValueError(f"train_gpus={train_gpus} leaves no rollout GPU out of {gpus}")
+  return gpus - train_gpus, train_gpus
