@@ -79,9 +79,13 @@ class LocalServers:
             host: str = "127.0.0.1", extra_args: Sequence[str] = (),
             module: str = DEFAULT_MODULE, startup_timeout_s: float = 300.0,
             log_dir: str | None = None, python: str = sys.executable,
-            env: dict[str, str] | None = None) -> LocalServers:
+            env: dict[str, str] | None = None,
+            command: Sequence[str] | None = None) -> LocalServers:
     """Starts `num_servers` processes of `python -m module --model_path=... --port=...` in parallel
-    and waits for each to answer `GET /health` 200 (raising with its log tail if one dies)."""
+    and waits for each to answer `GET /health` 200 (raising with its log tail if one dies).
+
+    `command` replaces `python -m module` (e.g. `[python, path/to/_stub.py]`); the flags follow it.
+    """
     for name, per in (("cpu_sets", cpu_sets), ("gpu_ids", gpu_ids), ("tpu_ids", tpu_ids)):
       if per is not None and len(per) != num_servers:
         raise ValueError(f"{name} has {len(per)} entries for {num_servers} servers")
@@ -97,8 +101,8 @@ class LocalServers:
       penv = {**base_env, **_device_env(i, gpu_ids, tpu_ids)}
       if cpus:  # keep thread pools to the cores the process may use
         penv.setdefault("OMP_NUM_THREADS", str(len(cpus)))
-      argv = (python, "-m", module, f"--model_path={model_path}", f"--port={port}",
-              f"--host={host}", *extra_args)
+      argv = (*(command or (python, "-m", module)), f"--model_path={model_path}",
+              f"--port={port}", f"--host={host}", *extra_args)
       specs.append(ServerSpec(argv, tuple(sorted(penv.items())), cpus, f"http://{host}:{port}",
                               os.path.join(log_dir, f"server_{i}_{port}.log")))
     servers = cls(specs, startup_timeout_s)

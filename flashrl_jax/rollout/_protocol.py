@@ -196,7 +196,8 @@ def parse_generate_output(obj: Any, *, vocab_size: int | None = None,
     if not isinstance(e, list) or len(e) < 2:
       raise MalformedResponse(f"output_token_logprobs entry must be [logprob, id, text], got {e!r}")
     lp = e[0]
-    if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp) or lp > 1e-4:
+    finite = isinstance(lp, (int, float)) and not isinstance(lp, bool) and math.isfinite(lp)
+    if not finite or lp > 1e-4:
       raise MalformedResponse(f"output log-prob must be a finite number <= 0, got {lp!r}")
     logprobs.append(float(lp))
     token_ids.append(_int(e[1], "output token id"))

@@ -9,6 +9,9 @@ errors. Knobs make it slow (`latency_s`, `token_latency_s`) or misbehave (`Misbe
 on the command line or changed at run time with `POST /_stub/configure`:
 
   python -m flashrl_jax.rollout._stub --port=N [--misbehave=non_json|die_after=3] [--latency_s=0.1]
+
+It imports nothing from flashrl_jax, so tests start it as a script (`python .../_stub.py`), skipping
+the package's JAX import: fault tests start and kill many stubs, each in well under a second.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from absl import app as absl_app
 from absl import flags
 from aiohttp import web
 
-from flashrl_jax.rollout._protocol import PauseMode
+
+# The protocol's pause modes (as `_protocol.PauseMode`, which this module must not import).
+_Pause = enum.Enum("_Pause", {"ABORT": "abort", "RETRACT": "retract", "IN_PLACE": "in_place"})
 
 
 class Misbehave(enum.Enum):
@@ -69,13 +74,12 @@ def stub_logprob(token: int) -> float:
   return -0.01 * (1 + token % 50)
 
 
-_SAMPLING_KEYS = frozenset({
-    "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids",
-    "ignore_eos", "min_new_tokens", "n", "skip_special_tokens", "spaces_between_special_tokens",
-    "no_stop_trim", "sampling_seed", "frequency_penalty", "presence_penalty", "repetition_penalty"})
+_SAMPLING_KEYS = frozenset(  # the documented ones; anything else is an HTTP 400
+    "max_new_tokens temperature top_p top_k min_p stop stop_token_ids ignore_eos min_new_tokens n "
+    "skip_special_tokens spaces_between_special_tokens no_stop_trim sampling_seed".split())
 
 
-class _BadRequest(Exception):
+class _BadRequest(Exception):  # → HTTP 400 {"error": {"message": ...}}
   pass
 
 
@@ -101,10 +105,6 @@ def _spans(versions: list[str]) -> list[dict[str, Any]]:
   return spans
 
 
-def _error(message: str, status: int = 400) -> web.Response:
-  return web.json_response({"error": {"message": message}}, status=status)
-
-
 async def _body(request: web.Request) -> dict[str, Any]:
   """The JSON object body, `{}` when empty; raises `_BadRequest` otherwise."""
   raw = await request.read()
@@ -122,7 +122,7 @@ async def _bad_request_to_400(request: web.Request, handler) -> web.StreamRespon
   try:
     return await handler(request)
   except _BadRequest as e:
-    return _error(str(e))
+    return web.json_response({"error": {"message": str(e)}}, status=400)
 
 
 class StubServer:
@@ -141,32 +141,28 @@ class StubServer:
 
   def app(self) -> web.Application:
     a = web.Application(middlewares=[_bad_request_to_400])
-    a.router.add_post("/generate", self.generate)
-    for path, handler in [("/health", self.health), ("/health_generate", self.health),
-                          ("/model_info", self.model_info), ("/get_model_info", self.model_info),
-                          ("/server_info", self.server_info),
-                          ("/get_server_info", self.server_info), ("/v1/loads", self.loads)]:
-      a.router.add_get(path, handler)
+    a.add_routes([web.get(p, h) for p, h in [
+        ("/health", self.health), ("/health_generate", self.health), ("/v1/loads", self.loads),
+        ("/model_info", self.model_info), ("/get_model_info", self.model_info),
+        ("/server_info", self.server_info), ("/get_server_info", self.server_info)]])
+    a.add_routes([web.post(p, h) for p, h in [
+        ("/generate", self.generate), ("/update_weights_from_disk", self.update_weights),
+        ("/pause_generation", self.pause), ("/continue_generation", self.resume),
+        ("/abort_request", self.abort_request), ("/_stub/configure", self.configure)]])
     a.router.add_route("*", "/flush_cache", self.flush_cache)
-    a.router.add_post("/update_weights_from_disk", self.update_weights)
-    a.router.add_post("/pause_generation", self.pause)
-    a.router.add_post("/continue_generation", self.resume)
-    a.router.add_post("/abort_request", self.abort_request)
-    a.router.add_post("/_stub/configure", self.configure)
     return a
 
   # --- generation -------------------------------------------------------------------------------
 
   async def _run(self, req: _Req, on_token=None) -> None:
     """Generates into `req` until stop/length/abort; pauses and weight updates interleave."""
-    c = self.config
     self.live[req.rid] = req
     try:
       while (not self.resumed.is_set() or self.updating) and not req.aborted.is_set():
         await asyncio.sleep(0.005)
       async with self.slots:
         req.running = True
-        await self._sleep(req, c.latency_s)
+        await self._sleep(req, self.config.latency_s)
         last = req.input_ids[-1]
         while len(req.output) < req.max_new_tokens and not req.aborted.is_set():
           if not self.resumed.is_set():  # in_place / retract: hold state until continue
@@ -175,7 +171,7 @@ class StubServer:
           last = stub_next_token(last, self.config.vocab_size)
           req.output.append(last)
           req.versions.append(self.version)
-          if on_token is not None:
+          if on_token:
             await on_token(req)
           if last in req.stop_ids:
             break
@@ -186,13 +182,13 @@ class StubServer:
 
   @staticmethod
   async def _sleep(req: _Req, seconds: float) -> None:
-    if seconds > 0:
+    if seconds > 0:  # an abort cuts the sleep short
       try:
         await asyncio.wait_for(req.aborted.wait(), seconds)
       except asyncio.TimeoutError:
         pass
 
-  def _result(self, req: _Req, *, final: bool, logprob: bool, start_len: int) -> dict[str, Any]:
+  def _result(self, req: _Req, *, final: bool, logprob: bool) -> dict[str, Any]:
     out = list(req.output)
     if not final:
       finish = None
@@ -208,9 +204,6 @@ class StubServer:
         "weight_versions": _spans(req.versions[:len(out)]), "e2e_latency": 0.0}
     if logprob:
       meta["output_token_logprobs"] = [[stub_logprob(t), t, None] for t in out]
-      if start_len >= 0:
-        meta["input_token_logprobs"] = [[None if i == 0 else stub_logprob(t), t, None]
-                                        for i, t in enumerate(req.input_ids) if i >= start_len]
     return self._mangle({"output_ids": out, "meta_info": meta})
 
   def _mangle(self, obj: dict[str, Any]) -> dict[str, Any]:
@@ -222,16 +215,13 @@ class StubServer:
     elif mode is Misbehave.BAD_TOKEN_IDS:
       obj["output_ids"] = [t + v for t in obj["output_ids"]] or [v]
       meta["output_token_logprobs"] = [[-0.5, t, None] for t in obj["output_ids"]]
-      meta["weight_versions"] = [{"version": self.version, "start": 0,
-                                  "end": len(obj["output_ids"])}]
+      meta.pop("weight_versions")
     elif mode is Misbehave.MISSING_FIELDS:
       del obj["meta_info"]
     return obj
 
-  def _parse(self, body: Any) -> tuple[list[_Req], bool, bool, int]:
+  def _parse(self, body: dict[str, Any]) -> tuple[list[_Req], bool, bool]:
     """Request JSON → one `_Req` per sample (prompt-major for n > 1); raises `_BadRequest`."""
-    if not isinstance(body, dict):
-      raise _BadRequest("request body must be a JSON object")
     if ("text" in body) == ("input_ids" in body):
       raise _BadRequest("exactly one of text and input_ids must be given")
     if "text" in body:
@@ -259,13 +249,9 @@ class StubServer:
         raise _BadRequest("max_new_tokens must be an int >= 0 and n an int >= 1")
       if len(prompt) + max_new > self.config.context_length:
         raise _BadRequest(f"prompt + max_new_tokens exceeds {self.config.context_length} tokens")
-      for _ in range(n):
-        r = rid if n == 1 and isinstance(rid, str) else uuid.uuid4().hex
-        if r in self.live:
-          raise _BadRequest(f"duplicate request id {r}")
-        reqs.append(_Req(r, list(prompt), max_new, frozenset(p.get("stop_token_ids") or ())))
-    many = batch or len(reqs) > 1
-    return reqs, many, bool(body.get("return_logprob")), int(body.get("logprob_start_len", -1))
+      reqs += [_Req(rid if n == 1 and isinstance(rid, str) else uuid.uuid4().hex, list(prompt),
+                    max_new, frozenset(p.get("stop_token_ids") or ())) for _ in range(n)]
+    return reqs, batch or len(reqs) > 1, bool(body.get("return_logprob"))
 
   async def generate(self, request: web.Request) -> web.StreamResponse:
     c = self.config
@@ -274,52 +260,49 @@ class StubServer:
       os._exit(1)
     body = await _body(request)
     try:
-      reqs, many, logprob, start_len = self._parse(body)
+      reqs, many, logprob = self._parse(body)
     except (ValueError, TypeError) as e:
-      return _error(f"bad request: {e}")
+      raise _BadRequest(f"bad request: {e}") from None
     if c.misbehave is Misbehave.HANG:
       await asyncio.Event().wait()
+    if body.get("stream") and many:
+      raise _BadRequest("this server streams single requests only")
     if body.get("stream"):
-      if many:
-        return _error("this server streams single requests only")
-      return await self._stream(request, reqs[0], logprob, start_len)
+      return await self._stream(request, reqs[0], logprob)
     await asyncio.gather(*(self._run(r) for r in reqs))
-    results = [self._result(r, final=True, logprob=logprob, start_len=start_len) for r in reqs]
+    results = [self._result(r, final=True, logprob=logprob) for r in reqs]
     if c.misbehave is Misbehave.NON_JSON:
       return web.Response(text="<html>502 upstream hiccup</html>", content_type="text/html")
     return web.json_response(results if many else results[0])
 
-  async def _stream(self, request: web.Request, req: _Req, logprob: bool,
-                    start_len: int) -> web.StreamResponse:
+  async def _stream(self, request: web.Request, req: _Req, logprob: bool) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
 
     async def emit(r: _Req, final: bool = False) -> None:
-      obj = self._result(r, final=final, logprob=logprob, start_len=start_len)
-      await resp.write(f"data: {json.dumps(obj)}\n\n".encode())
+      await resp.write(f"data: {json.dumps(self._result(r, final=final, logprob=logprob))}\n\n"
+                       .encode())
 
     await self._run(req, on_token=emit)
     await emit(req, final=True)
     await resp.write(b"data: [DONE]\n\n")
-    await resp.write_eof()
     return resp
 
   # --- control ----------------------------------------------------------------------------------
 
-  def _abort(self, rid: str | None = None) -> int:
-    hit = [r for r in self.live.values() if rid is None or r.rid == rid]
-    for r in hit:
-      r.aborted.set()
-    return len(hit)
+  def _abort(self, rid: str | None = None) -> None:
+    for r in self.live.values():
+      if rid is None or r.rid == rid:
+        r.aborted.set()
 
   async def pause(self, request: web.Request) -> web.Response:
     body = await _body(request)
     try:
-      mode = PauseMode(body.get("mode", "abort"))
+      mode = _Pause(body.get("mode", "abort"))
     except ValueError:
-      return _error(f"unknown pause mode {body.get('mode')!r}")
+      raise _BadRequest(f"unknown pause mode {body.get('mode')!r}") from None
     self.resumed.clear()
-    if mode is PauseMode.ABORT:
+    if mode is _Pause.ABORT:
       self._abort()
     return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
@@ -344,11 +327,10 @@ class StubServer:
       self.updating = True
       while any(r.running for r in self.live.values()):
         await asyncio.sleep(0.005)
-    self.model_path = path
-    self.version = str(body.get("weight_version") or self.version)
+    self.model_path, self.version = path, str(body.get("weight_version") or self.version)
     self.updating = False
-    paused = 0 if self.resumed.is_set() else len(self.live)
-    return web.json_response({"success": True, "num_paused_requests": paused,
+    return web.json_response({"success": True,
+                              "num_paused_requests": 0 if self.resumed.is_set() else len(self.live),
                               "message": "Succeeded to update model weights."})
 
   async def flush_cache(self, request: web.Request) -> web.Response:
@@ -357,31 +339,27 @@ class StubServer:
     return web.Response(text="Cache flushed.\n")
 
   async def health(self, request: web.Request) -> web.Response:
-    return web.Response(status=200)
+    return web.Response()
 
   async def model_info(self, request: web.Request) -> web.Response:
     return web.json_response({
         "model_path": self.model_path, "tokenizer_path": None, "is_generation": True,
-        "preferred_sampling_params": None, "weight_version": self.version,
-        "has_image_understanding": False, "has_audio_understanding": False,
-        "model_type": "stub", "architectures": ["StubForCausalLM"]})
+        "weight_version": self.version, "model_type": "stub",
+        "architectures": ["StubForCausalLM"]})
 
   async def server_info(self, request: web.Request) -> web.Response:
-    c = self.config
     return web.json_response({
-        "model_path": self.model_path, "host": request.host, "port": request.url.port,
-        "max_running_requests": c.max_running_requests, "context_length": c.context_length,
-        "vocab_size": c.vocab_size, "weight_version": self.version, "skip_tokenizer_init": True,
-        "version": "flashrl_jax-stub"})
+        **dataclasses.asdict(self.config), "misbehave": self.config.misbehave.value,
+        "model_path": self.model_path, "weight_version": self.version, "host": request.host,
+        "skip_tokenizer_init": True, "version": "flashrl_jax-stub"})
 
   async def loads(self, request: web.Request) -> web.Response:
     running = [r for r in self.live.values() if r.running]
     used = sum(len(r.input_ids) + len(r.output) for r in running)
     return web.json_response({
         "timestamp": time.time(), "version": "flashrl_jax-stub", "dp_rank_count": 1,
-        "loads": [{"dp_rank": 0, "num_running_reqs": len(running),
-                   "num_waiting_reqs": len(self.live) - len(running), "num_used_tokens": used,
-                   "max_running_requests": self.config.max_running_requests}]})
+        "loads": [{"dp_rank": 0, "num_running_reqs": len(running), "num_used_tokens": used,
+                   "num_waiting_reqs": len(self.live) - len(running)}]})
 
   async def configure(self, request: web.Request) -> web.Response:
     """Test hook: change knobs at run time (`{"misbehave": "non_json", "latency_s": 0.1}`)."""
@@ -392,30 +370,29 @@ class StubServer:
     return web.json_response({"status": "ok"})
 
 
-_PORT = flags.DEFINE_integer("port", 30000, "Port to listen on.")
-_HOST = flags.DEFINE_string("host", "127.0.0.1", "Interface to bind.")
-_MODEL_PATH = flags.DEFINE_string("model_path", "stub-model", "Reported model path.")
-_VOCAB = flags.DEFINE_integer("vocab_size", 1000, "Fake vocabulary size.")
-_MAX_RUNNING = flags.DEFINE_integer("max_running_requests", 256, "Concurrent generations.")
-_LATENCY = flags.DEFINE_float("latency_s", 0.0, "Delay before each request's first token.")
-_TOKEN_LATENCY = flags.DEFINE_float("token_latency_s", 0.0, "Delay per output token.")
-_MISBEHAVE = flags.DEFINE_string("misbehave", "none", "|".join(m.value for m in Misbehave) +
-                                 " (die_after=K).")
-_VERSION = flags.DEFINE_string("weight_version", "0", "Initial weight version.")
+flags.DEFINE_integer("port", 30000, "Port to listen on.")
+flags.DEFINE_string("host", "127.0.0.1", "Interface to bind.")
+flags.DEFINE_string("model_path", StubConfig.model_path, "Reported model path.")
+flags.DEFINE_string("weight_version", StubConfig.weight_version, "Initial weight version.")
+flags.DEFINE_integer("vocab_size", StubConfig.vocab_size, "Fake vocabulary size.")
+flags.DEFINE_integer("max_running_requests", StubConfig.max_running_requests, "Running at once.")
+flags.DEFINE_float("latency_s", 0.0, "Delay before each request's first token.")
+flags.DEFINE_float("token_latency_s", 0.0, "Delay per output token.")
+flags.DEFINE_string("misbehave", "none", "|".join(m.value for m in Misbehave) + " (die_after=K)")
 
 
 def main(argv: list[str]) -> None:
   del argv
-  misbehave, die_after = parse_misbehave(_MISBEHAVE.value)
-  config = StubConfig(vocab_size=_VOCAB.value, model_path=_MODEL_PATH.value,
-                      weight_version=_VERSION.value, max_running_requests=_MAX_RUNNING.value,
-                      latency_s=_LATENCY.value, token_latency_s=_TOKEN_LATENCY.value,
-                      misbehave=misbehave, die_after=die_after)
+  f = flags.FLAGS
+  misbehave, die_after = parse_misbehave(f.misbehave)
+  knobs = ("model_path", "weight_version", "vocab_size", "max_running_requests", "latency_s",
+           "token_latency_s")
+  config = StubConfig(misbehave=misbehave, die_after=die_after, **{k: f[k].value for k in knobs})
 
   async def build() -> web.Application:  # asyncio objects must be made inside the server's loop
     return StubServer(config).app()
 
-  web.run_app(build(), host=_HOST.value, port=_PORT.value, print=None, access_log=None)
+  web.run_app(build(), host=f.host, port=f.port, print=None, access_log=None)
 
 
 if __name__ == "__main__":
