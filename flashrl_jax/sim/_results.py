@@ -95,8 +95,11 @@ class SimResult:
     out["staleness_hist"] = {str(k): v for k, v in self.staleness_hist.items()}
     return out
 
-  def to_metrics(self) -> list[dict[str, Any]]:
-    """Per-step dicts in the controller's `metrics.jsonl` format (see sim_vs_measured.py)."""
+  def to_metrics(self, handoff: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """Per-step dicts in the controller's `metrics.jsonl` format (see sim_vs_measured.py).
+
+    `handoff` adds constant `time/export_s`, `time/pause_s`, ... entries (the simulated costs).
+    """
     lines, prev_end = [], 0.0
     for r in self.records:
       step_s = r.end_time - prev_end
@@ -108,12 +111,11 @@ class SimResult:
           "samples_per_s": r.samples / step_s if step_s > 0 else 0.0,
           "staleness_max": max(r.staleness, default=0),
           "staleness_hist": {str(k): v for k, v in sorted(hist.items())},
-          "dropped_stale": r.dropped_samples, "reward_mean": 0.0,
-          "num_samples": r.samples, "train_tokens": r.train_tokens,
+          "dropped_stale": r.dropped_samples, "reward_mean": 0.0, "num_samples": r.samples,
           "time/step_s": step_s, "time/train_s": r.train_s, "time/wait_data_s": r.wait_data_s,
-          "time/gen_s": r.gen_s,
-          "response_length/mean": float(lengths.mean()) if lengths.size else 0.0,
-          "response_length/max": float(lengths.max()) if lengths.size else 0.0,
+          **(handoff or {}),
+          "response_length_mean": float(lengths.mean()) if lengths.size else 0.0,
+          "response_length_max": int(lengths.max()) if lengths.size else 0,
           "response_lengths": [int(x) for x in r.response_lengths],
       })
     return lines
