@@ -109,7 +109,7 @@ class Engine:
     self._slots: list[Request | None] = [None] * config.max_running_requests
     self._commands: collections.deque = collections.deque()
     self._paused: PauseMode | None = None
-    self._pending_update: tuple[str, str | None, concurrent.futures.Future] | None = None
+    self._pending_update: tuple[str, str | None, bool, concurrent.futures.Future] | None = None
     self._slots_dirty = True
     self._stopping = False
     self._thread = threading.Thread(target=self._loop, name="rollout-engine", daemon=True)
@@ -188,7 +188,17 @@ class Engine:
     Not paused: new requests are held and the update applies once in-flight requests finish.
     A directory that does not fit the running model is refused; the old weights keep serving.
     """
-    return self._call(self._do_update, path, version, abort_all, settles_future=True)
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    with self._cv:  # set here, not on the engine thread, so requests submitted after us wait
+      if self._stopping:
+        future.set_exception(RuntimeError("the engine is shut down."))
+      elif self._pending_update is not None:
+        future.set_result((False, "another weight update is still waiting for in-flight "
+                                  "requests.", 0))
+      else:
+        self._pending_update = (path, version, abort_all, future)
+        self._cv.notify_all()
+    return future
 
   def flush_cache(self) -> concurrent.futures.Future:
     """Future of True (KV dropped) or False (requests are in flight)."""
@@ -221,16 +231,14 @@ class Engine:
 
   # --- engine thread -----------------------------------------------------------------------------
 
-  def _call(self, fn, *args, settles_future: bool = False) -> concurrent.futures.Future:
-    """Runs `fn(*args)` on the engine thread; its return value settles the future, or, with
-    `settles_future`, `fn` receives the future as its last argument and settles it (maybe later)."""
+  def _call(self, fn, *args) -> concurrent.futures.Future:
+    """Runs `fn(*args)` on the engine thread between steps; the future gets its return value."""
     future: concurrent.futures.Future = concurrent.futures.Future()
     with self._cv:
       if self._stopping:
         future.set_exception(RuntimeError("the engine is shut down."))
         return future
-      self._commands.append((fn, args + ((future,) if settles_future else ()), future,
-                             settles_future))
+      self._commands.append((fn, args, future))
       self._cv.notify_all()
     return future
 
@@ -255,11 +263,9 @@ class Engine:
             break
           commands = list(self._commands)
           self._commands.clear()
-        for fn, args, future, settles_future in commands:
+        for fn, args, future in commands:
           try:
-            result = fn(*args)
-            if not settles_future:
-              future.set_result(result)
+            future.set_result(fn(*args))
           except Exception as e:  # surfaced to the caller, never kills the loop
             future.set_exception(e)
         self._maybe_apply_update()
@@ -273,9 +279,12 @@ class Engine:
     finally:
       self._abort_everything("the engine shut down")
       with self._cv:
-        for _, _, future, _ in self._commands:
+        for _, _, future in self._commands:
           future.set_exception(RuntimeError("the engine is shut down."))
         self._commands.clear()
+        if self._pending_update is not None:
+          self._pending_update[-1].set_exception(RuntimeError("the engine is shut down."))
+          self._pending_update = None
 
   def _sampling_row(self, request: Request):
     return (request.sampling, request.seed, request.stop_ids)
@@ -354,11 +363,12 @@ class Engine:
 
   # --- control commands (engine thread) ----------------------------------------------------------
 
-  def _abort_everything(self, message: str) -> int:
+  def _abort_everything(self, message: str, *, held_too: bool = True) -> int:
     with self._cv:
-      victims = list(self._waiting) + list(self._held)
+      victims = list(self._waiting) + (list(self._held) if held_too else [])
       self._waiting.clear()
-      self._held.clear()
+      if held_too:
+        self._held.clear()
     for slot, request in self._running():
       self._free(slot)
       victims.append(request)
@@ -396,25 +406,15 @@ class Engine:
       self._finish(request, FinishReason(FinishKind.ABORT, message="aborted by /abort_request"))
     return len(victims)
 
-  def _do_update(self, path: str, version: str | None, abort_all: bool,
-                 future: concurrent.futures.Future) -> None:
-    if self._pending_update is not None:
-      future.set_result((False, "another weight update is already waiting for in-flight "
-                                "requests.", 0))
-      return
-    if abort_all:
-      self._abort_everything("aborted for a weight update")
-    with self._cv:
-      self._pending_update = (path, version, future)
-    self._maybe_apply_update()
-
   def _maybe_apply_update(self) -> None:
     if self._pending_update is None:
       return
+    path, version, abort_all, future = self._pending_update
+    if abort_all:  # requests that arrived after the update call are not in flight: keep them
+      self._abort_everything("aborted for a weight update", held_too=False)
     busy = bool(self._waiting) or any(r is not None for r in self._slots)
     if busy and self._paused is None:
       return
-    path, version, future = self._pending_update
     num_paused = len(self._waiting) + len(self._running()) if self._paused else 0
     try:
       params = self.runner.load_params(path)

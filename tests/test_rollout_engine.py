@@ -1,0 +1,252 @@
+"""Rollout engine invariants, in-process on a tiny random Qwen3: greedy == argmax of the full forward,
+behaviour log-probs == the model's log-softmax at T, sampling frequencies == softmax (chi-square),
+continuous batching, weight swaps without recompiles, and every pause mode keeping every token."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from flashrl_jax.rollout import Engine, EngineConfig, FinishKind, PauseMode, Sampling
+from flashrl_jax.rollout._sampling import RowSampling, sample
+from flashrl_jax.testing import tiny_config, write_tiny_checkpoint
+
+GREEDY = Sampling(temperature=0, max_new_tokens=12, ignore_eos=True)
+PAD = 64
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+  root = tmp_path_factory.mktemp("rollout_ckpts")
+  paths = {name: str(root / name) for name in ("a", "b", "wide")}
+  models = {"a": write_tiny_checkpoint(paths["a"], seed=0),
+            "b": write_tiny_checkpoint(paths["b"], seed=1)}
+  write_tiny_checkpoint(paths["wide"], tiny_config(hidden_size=48), seed=2)
+  return paths, models
+
+
+@pytest.fixture(scope="module")
+def engine(ckpts):
+  paths, _ = ckpts
+  eng = Engine(EngineConfig(paths["a"], max_running_requests=4, context_length=PAD,
+                            max_prefill_batch=1))
+  yield eng
+  eng.shutdown()
+
+
+def full_logits(model):
+  """Next-token logits of `ids` from one full (uncached) forward, padded to one static shape."""
+  forward = jax.jit(lambda ids: model(ids)[0])
+
+  def at_end(ids):
+    padded = np.zeros((1, PAD), np.int32)
+    padded[0, :len(ids)] = ids
+    return np.asarray(forward(jnp.asarray(padded))[len(ids) - 1], np.float64)
+  return at_end
+
+
+def log_softmax(x):
+  x = x - x.max()
+  return x - np.log(np.exp(x).sum())
+
+
+def greedy_reference(logits_fn, prompt, n):
+  ids, logps = list(prompt), []
+  for _ in range(n):
+    logits = logits_fn(ids)
+    ids.append(int(np.argmax(logits)))
+    logps.append(log_softmax(logits)[ids[-1]])
+  return ids[len(prompt):], logps
+
+
+def wait_for(cond, timeout=60.0):
+  deadline = time.monotonic() + timeout
+  while not cond():
+    assert time.monotonic() < deadline, "timed out"
+    time.sleep(0.002)
+
+
+def test_greedy_equals_full_forward_argmax(engine, ckpts):
+  logits_fn = full_logits(ckpts[1]["a"])
+  prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [20]]
+  outs = engine.generate(prompts, GREEDY)
+  for prompt, out in zip(prompts, outs):
+    tokens, logps = greedy_reference(logits_fn, prompt, 12)
+    assert list(out.output_ids) == tokens
+    np.testing.assert_allclose(out.logprobs, logps, atol=1e-4)
+    assert out.finish.kind is FinishKind.LENGTH and out.finish.length == 12
+    assert [(s.version, s.start, s.end) for s in out.versions] == [("default", 0, 12)]
+
+
+@pytest.mark.parametrize("options", [dict(temperature=0.7, top_p=0.8),
+                                     dict(temperature=1.3, top_k=5, min_p=0.05)])
+def test_logprobs_are_log_softmax_at_temperature_before_truncation(engine, ckpts, options):
+  logits_fn = full_logits(ckpts[1]["a"])
+  prompt = [3, 4, 5, 6]
+  s = Sampling(max_new_tokens=10, ignore_eos=True, sampling_seed=11, **options)
+  out, again = engine.generate([prompt, prompt], s)
+  assert out.output_ids == again.output_ids  # same seed, same tokens
+  ids = list(prompt)
+  for token, logp in zip(out.output_ids, out.logprobs):
+    scaled = log_softmax(logits_fn(ids) / options["temperature"])
+    assert logp == pytest.approx(scaled[token], abs=1e-4)
+    order = np.argsort(-scaled)
+    rank = int(np.nonzero(order == token)[0][0])
+    probs = np.exp(scaled[order])
+    assert probs[:rank].sum() < options.get("top_p", 1.0) + 1e-6  # inside the nucleus
+    assert rank < options.get("top_k", 10**9)
+    assert probs[rank] >= options.get("min_p", 0.0) * probs[0] - 1e-9
+    ids.append(token)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.8, -1, 1.0), (1.0, 4, 1.0), (1.5, -1, 0.7)])
+def test_sampling_frequencies_match_softmax(temperature, top_k, top_p):
+  vocab, draws = 10, 20000
+  logits = jnp.asarray(np.random.default_rng(0).normal(size=vocab) * 1.5, jnp.float32)
+  rows = RowSampling.host([(Sampling(temperature=temperature, top_k=top_k, top_p=top_p), seed, ())
+                           for seed in range(draws)], draws)
+  tokens, _ = jax.jit(sample)(jnp.broadcast_to(logits, (draws, vocab)), rows,
+                              jnp.zeros(draws, jnp.int32))
+  counts = np.bincount(np.asarray(tokens), minlength=vocab)
+  probs = np.exp(log_softmax(np.asarray(logits, np.float64) / temperature))
+  order = np.argsort(-probs)
+  keep = np.zeros(vocab, bool)
+  mass_before = np.cumsum(probs[order]) - probs[order]
+  keep[order] = (np.arange(vocab) < (top_k if top_k > 0 else vocab)) & (mass_before < top_p)
+  assert counts[~keep].sum() == 0
+  expected = probs[keep] / probs[keep].sum() * draws
+  assert stats.chisquare(counts[keep], expected).pvalue > 1e-3
+
+
+def test_short_request_finishes_before_earlier_long_one(engine):
+  slow = Sampling(temperature=0, max_new_tokens=40, ignore_eos=True)
+  long = engine.submit([5, 6, 7], slow)
+  wait_for(lambda: long.num_generated > 0)
+  # More short requests than free slots: the queued ones join as soon as a slot frees.
+  shorts = [engine.submit([9, i], Sampling(temperature=0, max_new_tokens=3, ignore_eos=True))
+            for i in range(6)]
+  for r in shorts:
+    r.result(60)
+  assert not long.done
+  assert long.result(60).finish.length == 40
+  assert max(r.finished_at for r in shorts) < long.finished_at
+
+
+def test_stop_token_stop_string_and_min_new_tokens(engine):
+  prompt = [30, 31, 32]
+  ref = engine.generate([prompt], GREEDY)[0].output_ids
+  stop_id = ref[4]
+  out = engine.generate([prompt], Sampling(temperature=0, max_new_tokens=12, ignore_eos=True,
+                                           stop_token_ids=[stop_id]))[0]
+  first = ref.index(stop_id)
+  assert out.output_ids == ref[:first + 1]
+  assert out.finish.kind is FinishKind.STOP and out.finish.matched == stop_id
+  text = engine.decode_text(ref)
+  stop = text[5:7]
+  out = engine.generate([prompt], Sampling(temperature=0, max_new_tokens=12, ignore_eos=True,
+                                           stop=[stop]))[0]
+  assert out.finish.matched == stop and engine.decode_text(out.output_ids).endswith(stop)
+  assert len(out.output_ids) <= 7
+  banned = Sampling(temperature=0, max_new_tokens=6, ignore_eos=True, min_new_tokens=3,
+                    stop_token_ids=[ref[0]])
+  out = engine.generate([prompt], banned)[0]
+  assert ref[0] not in out.output_ids[:3] and len(out.output_ids) >= 3
+
+
+def test_n_and_bad_requests(engine):
+  outs = engine.generate([[5, 6]], Sampling(n=3, max_new_tokens=4, ignore_eos=True))
+  assert len(outs) == 3 and len({o.rid for o in outs}) == 3
+  for prompt, message in [([], "empty"), ([5, 96], "outside the vocabulary"),
+                          (list(range(1, PAD + 1)), "context length")]:
+    with pytest.raises(ValueError, match=message):
+      engine.submit(prompt, GREEDY)
+  with pytest.raises(ValueError, match="max_new_tokens"):
+    Sampling(max_new_tokens=-1)
+  with pytest.raises(ValueError, match="unknown sampling param"):
+    Sampling.from_json({"temprature": 1.0})
+  assert engine.generate([[5]], Sampling(max_new_tokens=0))[0].output_ids == ()
+
+
+@pytest.mark.parametrize("mode", list(PauseMode))
+def test_pause_modes_keep_every_token(engine, mode):
+  s = Sampling(temperature=0, max_new_tokens=30, ignore_eos=True)
+  ref = engine.generate([[40, 41]], s)[0]
+  request = engine.submit([40, 41], s)
+  wait_for(lambda: request.num_generated >= 5)
+  engine.pause(mode).result(30)
+  held = engine.submit([42], Sampling(temperature=0, max_new_tokens=2))  # waits while paused
+  at_pause = request.num_generated
+  time.sleep(0.2)
+  assert not held.done and request.num_generated == at_pause
+  engine.resume().result(30)
+  out = request.result(60)
+  assert held.result(60).finish.kind is not FinishKind.ABORT
+  n = len(out.output_ids)
+  assert len(out.logprobs) == n
+  assert out.output_ids == ref.output_ids[:n]
+  np.testing.assert_allclose(out.logprobs, ref.logprobs[:n], atol=1e-4)
+  if mode is PauseMode.ABORT:
+    assert out.finish.kind is FinishKind.ABORT and 5 <= n < 30
+  else:
+    assert n == 30 and out.finish.kind is FinishKind.LENGTH
+
+
+def test_weight_update_in_place_spans_and_no_recompile(engine, ckpts):
+  paths, models = ckpts
+  s = Sampling(temperature=0, max_new_tokens=20, ignore_eos=True)
+  before = engine.generate([[50, 51]], s)[0]
+  compiled = engine.runner.compiled_count()
+  request = engine.submit([50, 51], s)
+  wait_for(lambda: request.num_generated >= 4)
+  engine.pause(PauseMode.IN_PLACE).result(30)
+  k = request.num_generated
+  assert engine.update_weights_from_disk(paths["b"], "v1").result(60)[0]
+  engine.resume().result(30)
+  out = request.result(60)
+  assert [(v.version, v.start, v.end) for v in out.versions] == [("default", 0, k), ("v1", k, 20)]
+  assert out.output_ids[:k] == before.output_ids[:k]
+  after = engine.generate([[50, 51]], s)[0]
+  assert after.output_ids == tuple(greedy_reference(full_logits(models["b"]), [50, 51], 20)[0])
+  assert after.output_ids != before.output_ids and after.weight_version == "v1"
+  assert engine.runner.compiled_count() == compiled  # the swap reused every compiled program
+  # Not paused: the update waits for in-flight requests, whose tokens keep the old version.
+  request = engine.submit([50, 51], s)
+  wait_for(lambda: request.num_generated >= 2)
+  update = engine.update_weights_from_disk(paths["a"], "v2")
+  late = engine.submit([50, 51], s)
+  assert request.result(60).versions[-1].version == "v1"
+  assert update.result(60)[0]
+  assert late.result(60).output_ids == before.output_ids and late.result().weight_version == "v2"
+
+
+def test_retract_recomputes_with_new_weights(engine, ckpts):
+  paths, models = ckpts
+  s = Sampling(temperature=0, max_new_tokens=16, ignore_eos=True)
+  request = engine.submit([60, 61, 62], s)
+  wait_for(lambda: request.num_generated >= 4)
+  engine.pause(PauseMode.RETRACT).result(30)
+  k = request.num_generated
+  assert engine.update_weights_from_disk(paths["b"], "b").result(60)[0]
+  engine.resume().result(30)
+  out = request.result(60)
+  assert out.versions[-1].start == k and out.versions[-1].version == "b"
+  # KV was recomputed from prompt + prefix with the new weights: the continuation is the new
+  # model's greedy continuation of that prefix.
+  prefix = [60, 61, 62] + list(out.output_ids[:k])
+  assert list(out.output_ids[k:]) == greedy_reference(full_logits(models["b"]), prefix, 16 - k)[0]
+  assert engine.update_weights_from_disk(paths["a"], "default").result(60)[0]
+
+
+def test_mismatched_weights_are_refused_and_old_ones_keep_serving(engine, ckpts, tmp_path):
+  paths, _ = ckpts
+  before = engine.generate([[70, 71]], GREEDY)[0]
+  version = engine.weight_version
+  ok, message, _ = engine.update_weights_from_disk(paths["wide"], "wide").result(60)
+  assert not ok and "hidden_size" in message
+  ok, message, _ = engine.update_weights_from_disk(str(tmp_path), "empty").result(60)
+  assert not ok and "config.json" in message
+  assert engine.weight_version == version
+  assert engine.generate([[70, 71]], GREEDY)[0].output_ids == before.output_ids
