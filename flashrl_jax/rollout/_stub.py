@@ -1,12 +1,11 @@
-"""A pure-Python SGLang-protocol server with a fake, deterministic model, for client and fault tests.
+"""A pure-Python SGLang-protocol server with a fake deterministic model, for client and fault tests.
 
 The rollout client must be tested against real processes dying, hanging and lying, without paying
 for a JAX model per process. This stub answers every route of `shared/SGLANG_PROTOCOL.md` with the
-same JSON shapes, generating `token = (last + 1) % vocab_size` with log-prob `stub_logprob(token)` (so
-a continued generation equals an uninterrupted one), honouring max_new_tokens, stop_token_ids, n,
-batches, streaming, the three pause modes, weight versions and their spans, `/v1/loads` and HTTP 400
-errors. Knobs make it slow (`latency_s`, `token_latency_s`) or misbehave (`Misbehave`); they can be set
-on the command line or changed at run time with `POST /_stub/configure`:
+same JSON shapes. It generates `token = (last + 1) % vocab_size` with log-prob `stub_logprob(token)`
+(so a continued generation equals an uninterrupted one) and honours max_new_tokens, stop_token_ids,
+n, batches, streaming, the pause modes, weight versions and spans, `/v1/loads` and HTTP 400 errors.
+Flags (or `POST /_stub/configure` at run time) make it slow or misbehave (`Misbehave`):
 
   python -m flashrl_jax.rollout._stub --port=N [--misbehave=non_json|die_after=3] [--latency_s=0.1]
 
@@ -385,14 +384,15 @@ def main(argv: list[str]) -> None:
   del argv
   f = flags.FLAGS
   misbehave, die_after = parse_misbehave(f.misbehave)
-  knobs = ("model_path", "weight_version", "vocab_size", "max_running_requests", "latency_s",
-           "token_latency_s")
-  config = StubConfig(misbehave=misbehave, die_after=die_after, **{k: f[k].value for k in knobs})
+  knobs = "model_path weight_version vocab_size max_running_requests latency_s token_latency_s"
+  config = StubConfig(misbehave=misbehave, die_after=die_after,
+                      **{k: f[k].value for k in knobs.split()})
 
   async def build() -> web.Application:  # asyncio objects must be made inside the server's loop
     return StubServer(config).app()
 
-  web.run_app(build(), host=f.host, port=f.port, print=None, access_log=None)
+  web.run_app(build(), host=f.host, port=f.port, print=None, access_log=None,
+              shutdown_timeout=0.5)
 
 
 if __name__ == "__main__":
