@@ -30,6 +30,8 @@ _MAX_LEN = flags.DEFINE_integer("max_len", 32768, "Generation limit L (tokens)."
 _SIGMA = flags.DEFINE_float("sigma", 0.9, "Log-std of the lognormal length law.")
 _BATCH = flags.DEFINE_integer("batch_prompts", 128, "Prompts per step (B).")
 _GROUP = flags.DEFINE_integer("group_size", 8, "Responses per prompt (n).")
+_SLOTS = flags.DEFINE_integer("slots", 64, "Concurrent decode slots per GPU.")
+_TRAIN_MFU = flags.DEFINE_float("train_mfu", 0.4, "Model-FLOPs utilisation of training.")
 _STEPS = flags.DEFINE_integer("steps", 6, "Measured steps per simulation (after warm-up).")
 _SEED = flags.DEFINE_integer("seed", 0, "Simulation seed.")
 _SEQ_LENS = flags.DEFINE_list("seq_lens", ["2048", "4096", "8192", "16384"], "Mean lengths.")
@@ -102,7 +104,8 @@ def main(argv):
   del argv
   os.makedirs(_OUT.value, exist_ok=True)
   workload = sim.Workload(mean_len=_MEAN_LEN.value, max_len=_MAX_LEN.value, sigma=_SIGMA.value,
-                          batch_prompts=_BATCH.value, group_size=_GROUP.value, steps=_STEPS.value)
+                          batch_prompts=_BATCH.value, group_size=_GROUP.value, steps=_STEPS.value,
+                          slots=_SLOTS.value, train_mfu=_TRAIN_MFU.value)
   gpus = [int(g) for g in _GPUS.value]
   alphas = [int(a) for a in _ALPHAS.value]
   headline = None

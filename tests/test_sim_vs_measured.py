@@ -65,3 +65,19 @@ def test_command_line_prints_the_error_last(tmp_path):
   last = out.strip().splitlines()[-1]
   assert last.startswith("sim_error_vs_measured: ")
   assert 0.0 <= float(last.split(": ")[1]) < 0.2
+
+
+def test_simulate_entry_point_writes_tables_and_plots(tmp_path):
+  out = subprocess.run(
+      [sys.executable, "-m", "experiments.simulate", "--gpus=4,8", "--alphas=2",
+       "--batch_prompts=4", "--group_size=2", "--slots=4", "--mean_len=300", "--max_len=2000",
+       "--steps=2", "--seq_lens=300", "--seq_gpus=8", "--split_gpus=8", "--split_train=2,4",
+       "--mech_gpus=4", "--mech_batches=4", f"--out={tmp_path}"],
+      capture_output=True, text=True, check=True, timeout=120).stdout
+  assert out.strip().splitlines()[-1].startswith("sim_async_speedup_at_8_gpus: ")
+  for name in ("scaling.json", "scaling.csv", "scaling.png", "seqlen.csv", "seqlen.png",
+               "split.csv", "mechanisms.csv"):
+    assert (tmp_path / name).stat().st_size > 0
+  rows = json.loads((tmp_path / "scaling.json").read_text())
+  assert {(r["gpus"], r["mode"]) for r in rows} == {(4, "sync"), (4, "async"), (8, "sync"),
+                                                     (8, "async")}

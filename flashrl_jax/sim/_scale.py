@@ -7,7 +7,7 @@ thin flag parser and the sweeps are testable.
 
 Defaults (stated in docs/simulator.md): lengths lognormal with mean 8k after clipping at 32k
 (σ = 0.9, within-prompt correlation 0.5), prompts of 512 tokens, B = 128 prompts × n = 8 responses
-per step, 64 decode slots per GPU, weight handoff 10 s (export 4, pause 1, load 4, resume 1),
+per step, 64 decode slots per GPU, training at 40% MFU, weight handoff 10 s (export 4, pause 1, load 4, resume 1),
 rewards 0.5 s each on 64 reward workers.
 """
 
@@ -35,6 +35,7 @@ class Workload:
   batch_prompts: int = 128
   group_size: int = 8
   slots: int = 64
+  train_mfu: float = 0.4
   steps: int = 6
   warmup_steps: int = 3
 
@@ -47,7 +48,7 @@ class Workload:
     return _costs.CostModel(
         decode=_costs.RooflineDecode.qwen3_8b(mean_context=self.prompt_tokens + self.mean_len / 2),
         prefill_s_per_token=2 * 8.19e9 / (989e12 * 0.5),
-        train=_costs.TrainModel.qwen3_8b(),
+        train=_costs.TrainModel.qwen3_8b(mfu=self.train_mfu),
         sync=_costs.SyncModel(export_s=4.0, pause_s=1.0, load_s=4.0, resume_s=1.0),
         reward_s=0.5, reward_workers=64)
 
