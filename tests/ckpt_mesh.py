@@ -17,8 +17,20 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P, SingleDeviceSharding  # noqa: E402
 
+from flax import nnx  # noqa: E402
+
+from flashrl_jax.testing import tiny_config, tiny_model  # noqa: E402
 from flashrl_jax.trainer._checkpoint import CheckpointConfig, Checkpointer  # noqa: E402
-from tests.ckpt_train import init_state  # noqa: E402
+
+
+def _host_state() -> dict:
+  """A train-state-shaped pytree of host arrays (no per-shape compilations to build it)."""
+  _, abstract = nnx.split(nnx.eval_shape(lambda: tiny_model(tiny_config())), nnx.Param)
+  rng = np.random.default_rng(0)
+  randn = lambda x: rng.standard_normal(x.shape).astype(x.dtype)  # noqa: E731
+  return {"params": jax.tree.map(randn, abstract),
+          "opt_state": {"mu": jax.tree.map(randn, abstract), "count": np.int32(3)},
+          "step": np.int32(7), "rng": jax.random.key(0)}
 
 
 def _fsdp_spec(x, n: int) -> P:
@@ -47,7 +59,7 @@ def _check(restored, state, shardings) -> None:
 
 def main(directory: str) -> None:
   assert jax.device_count() == 8
-  _, state = init_state()
+  state = _host_state()
   mesh8 = jax.make_mesh((8,), ("fsdp",), axis_types=(AxisType.Auto,))
   state = jax.device_put(state, jax.tree.map(lambda x: NamedSharding(mesh8, _fsdp_spec(x, 8)),
                                              state))

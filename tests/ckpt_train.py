@@ -1,8 +1,9 @@
 """A tiny deterministic training run that checkpoints every step, for the kill-and-resume test.
 
-`python tests/ckpt_train.py DIR TOTAL OUT` resumes from the latest checkpoint in DIR (if any),
-trains to TOTAL steps, printing `SAVED <step>` once each step is committed, and writes the final
-train state to OUT as safetensors. DIR `-` trains without checkpoints (the uninterrupted reference).
+`python tests/ckpt_train.py DIR TOTAL OUT [REF]` resumes from the latest checkpoint in DIR (if
+any), trains to TOTAL steps, printing `SAVED <step>` once each step is committed, and writes the
+final train state to OUT as safetensors. With REF it first trains TOTAL steps from scratch without
+checkpoints and writes that uninterrupted reference to REF (one process, one compilation).
 """
 
 from __future__ import annotations
@@ -25,13 +26,17 @@ _OPTIMIZER = optax.adamw(1e-2, weight_decay=0.01)
 
 def init_state(seed: int = 0):
   """(graphdef, train state); the train state is a plain dict pytree, as the Checkpointer expects."""
-  # Filled from NumPy, not by running the model's initialisers: that would compile each one.
-  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: tiny_model(tiny_config())), nnx.Param)
+  # Params from NumPy and the rest in one jit: eager initialisers would compile once per shape.
+  model = nnx.eval_shape(lambda: tiny_model(tiny_config(num_layers=1)))
+  graphdef, abstract = nnx.split(model, nnx.Param)
   rng = np.random.default_rng(seed)
-  params = jax.tree.map(lambda x: jnp.asarray(0.3 * rng.standard_normal(x.shape), x.dtype), abstract)
-  state = {"params": params, "opt_state": _OPTIMIZER.init(params), "step": jnp.int32(0),
-           "version": jnp.int32(0), "rng": jax.random.key(seed)}
-  return graphdef, state
+  params = jax.tree.map(lambda x: (0.3 * rng.standard_normal(x.shape)).astype(x.dtype), abstract)
+
+  @jax.jit
+  def init(params):
+    return {"params": params, "opt_state": _OPTIMIZER.init(params), "step": jnp.int32(0),
+            "version": jnp.int32(0), "rng": jax.random.key(seed)}
+  return graphdef, init(params)
 
 
 def make_train_step(graphdef):
@@ -60,18 +65,18 @@ def flat_arrays(state) -> dict[str, np.ndarray]:
   return out
 
 
-def main(directory: str, total: int, out: str) -> None:
+def main(directory: str, total: int, out: str, reference: str | None) -> None:
   from safetensors.numpy import save_file
 
   from flashrl_jax.trainer._checkpoint import CheckpointConfig, Checkpointer
 
   graphdef, state = init_state()
   train_step = make_train_step(graphdef)
-  if directory == "-":
-    while int(state["step"]) < total:
-      state = train_step(state)
-    save_file(flat_arrays(state), out)
-    return
+  if reference:
+    ref_state = state
+    while int(ref_state["step"]) < total:
+      ref_state = train_step(ref_state)
+    save_file(flat_arrays(ref_state), reference)
   ckpt = Checkpointer(CheckpointConfig(directory, max_to_keep=2, async_save=True))
   resumed = ckpt.restore_latest(jax.eval_shape(lambda: state))
   if resumed is not None:
@@ -90,4 +95,4 @@ def main(directory: str, total: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-  main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
+  main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else None)
