@@ -2,17 +2,21 @@
 behaviour log-probs == the model's log-softmax at T, sampling frequencies == softmax (chi-square),
 continuous batching, weight swaps without recompiles, and every pause mode keeping every token."""
 
+import json
+import os
+import shutil
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
 from scipy import stats
 
 from flashrl_jax.rollout import Engine, EngineConfig, FinishKind, PauseMode, Sampling
 from flashrl_jax.rollout._sampling import RowSampling, sample
-from flashrl_jax.testing import tiny_config, write_tiny_checkpoint
+from flashrl_jax.testing import write_tiny_checkpoint
 
 GREEDY = Sampling(temperature=0, max_new_tokens=12, ignore_eos=True)
 PAD = 64
@@ -21,11 +25,15 @@ PAD = 64
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
   root = tmp_path_factory.mktemp("rollout_ckpts")
-  paths = {name: str(root / name) for name in ("a", "b", "wide")}
+  paths = {name: str(root / name) for name in ("a", "b")}
   models = {"a": write_tiny_checkpoint(paths["a"], seed=0),
             "b": write_tiny_checkpoint(paths["b"], seed=1)}
-  write_tiny_checkpoint(paths["wide"], tiny_config(hidden_size=48), seed=2)
   return paths, models
+
+
+@pytest.fixture(scope="module")
+def logits_fns(ckpts):
+  return {name: full_logits(model) for name, model in ckpts[1].items()}
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +77,8 @@ def wait_for(cond, timeout=60.0):
     time.sleep(0.002)
 
 
-def test_greedy_equals_full_forward_argmax(engine, ckpts):
-  logits_fn = full_logits(ckpts[1]["a"])
+def test_greedy_equals_full_forward_argmax(engine, logits_fns):
+  logits_fn = logits_fns["a"]
   prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [20]]
   outs = engine.generate(prompts, GREEDY)
   for prompt, out in zip(prompts, outs):
@@ -83,8 +91,8 @@ def test_greedy_equals_full_forward_argmax(engine, ckpts):
 
 @pytest.mark.parametrize("options", [dict(temperature=0.7, top_p=0.8),
                                      dict(temperature=1.3, top_k=5, min_p=0.05)])
-def test_logprobs_are_log_softmax_at_temperature_before_truncation(engine, ckpts, options):
-  logits_fn = full_logits(ckpts[1]["a"])
+def test_logprobs_are_log_softmax_at_temperature_before_truncation(engine, logits_fns, options):
+  logits_fn = logits_fns["a"]
   prompt = [3, 4, 5, 6]
   s = Sampling(max_new_tokens=10, ignore_eos=True, sampling_seed=11, **options)
   out, again = engine.generate([prompt, prompt], s)
@@ -194,8 +202,8 @@ def test_pause_modes_keep_every_token(engine, mode):
     assert n == 30 and out.finish.kind is FinishKind.LENGTH
 
 
-def test_weight_update_in_place_spans_and_no_recompile(engine, ckpts):
-  paths, models = ckpts
+def test_weight_update_in_place_spans_and_no_recompile(engine, ckpts, logits_fns):
+  paths, _ = ckpts
   s = Sampling(temperature=0, max_new_tokens=20, ignore_eos=True)
   before = engine.generate([[50, 51]], s)[0]
   compiled = engine.runner.compiled_count()
@@ -209,7 +217,7 @@ def test_weight_update_in_place_spans_and_no_recompile(engine, ckpts):
   assert [(v.version, v.start, v.end) for v in out.versions] == [("default", 0, k), ("v1", k, 20)]
   assert out.output_ids[:k] == before.output_ids[:k]
   after = engine.generate([[50, 51]], s)[0]
-  assert after.output_ids == tuple(greedy_reference(full_logits(models["b"]), [50, 51], 20)[0])
+  assert after.output_ids == tuple(greedy_reference(logits_fns["b"], [50, 51], 20)[0])
   assert after.output_ids != before.output_ids and after.weight_version == "v1"
   assert engine.runner.compiled_count() == compiled  # the swap reused every compiled program
   # Not paused: the update waits for in-flight requests, whose tokens keep the old version.
@@ -222,8 +230,8 @@ def test_weight_update_in_place_spans_and_no_recompile(engine, ckpts):
   assert late.result(60).output_ids == before.output_ids and late.result().weight_version == "v2"
 
 
-def test_retract_recomputes_with_new_weights(engine, ckpts):
-  paths, models = ckpts
+def test_retract_recomputes_with_new_weights(engine, ckpts, logits_fns):
+  paths, _ = ckpts
   s = Sampling(temperature=0, max_new_tokens=16, ignore_eos=True)
   request = engine.submit([60, 61, 62], s)
   wait_for(lambda: request.num_generated >= 4)
@@ -236,17 +244,28 @@ def test_retract_recomputes_with_new_weights(engine, ckpts):
   # KV was recomputed from prompt + prefix with the new weights: the continuation is the new
   # model's greedy continuation of that prefix.
   prefix = [60, 61, 62] + list(out.output_ids[:k])
-  assert list(out.output_ids[k:]) == greedy_reference(full_logits(models["b"]), prefix, 16 - k)[0]
+  assert list(out.output_ids[k:]) == greedy_reference(logits_fns["b"], prefix, 16 - k)[0]
   assert engine.update_weights_from_disk(paths["a"], "default").result(60)[0]
 
 
 def test_mismatched_weights_are_refused_and_old_ones_keep_serving(engine, ckpts, tmp_path):
   paths, _ = ckpts
+  wide, misshapen = str(tmp_path / "wide"), str(tmp_path / "misshapen")
+  shutil.copytree(paths["a"], wide)
+  with open(os.path.join(wide, "config.json")) as f:
+    config = json.load(f)
+  with open(os.path.join(wide, "config.json"), "w") as f:
+    json.dump({**config, "hidden_size": 48}, f)
+  shutil.copytree(paths["a"], misshapen)
+  file = os.path.join(misshapen, "model.safetensors")
+  tensors = load_file(file)
+  tensors["model.layers.1.mlp.up_proj.weight"] = np.zeros((65, 32), np.float32)
+  save_file(tensors, file)
   before = engine.generate([[70, 71]], GREEDY)[0]
   version = engine.weight_version
-  ok, message, _ = engine.update_weights_from_disk(paths["wide"], "wide").result(60)
-  assert not ok and "hidden_size" in message
-  ok, message, _ = engine.update_weights_from_disk(str(tmp_path), "empty").result(60)
-  assert not ok and "config.json" in message
+  for path, message in [(wide, "hidden_size"), (misshapen, "up_proj.weight"),
+                        (str(tmp_path), "config.json")]:
+    ok, error, _ = engine.update_weights_from_disk(path, "bad").result(60)
+    assert not ok and message in error
   assert engine.weight_version == version
   assert engine.generate([[70, 71]], GREEDY)[0].output_ids == before.output_ids
