@@ -6,11 +6,14 @@ in the child), one GPU (`CUDA_VISIBLE_DEVICES`) or one TPU chip (`TPU_VISIBLE_CH
 process bounds). Each process runs in its own process group, so `kill` (SIGKILL, for fault tests)
 and `stop` also reach its children; logs go to one file per server. The same launcher starts our
 JAX server (`flashrl_jax.rollout.server`) or the protocol stub (`flashrl_jax.rollout._stub`).
+`launch/start_local_servers.sh` runs this module's `main`, which starts K servers, prints their URLs
+and stops them all on SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 import signal
 import socket
@@ -21,6 +24,9 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+
+from absl import app as absl_app
+from absl import flags
 
 DEFAULT_MODULE = "flashrl_jax.rollout.server"
 
@@ -213,3 +219,42 @@ class LocalServers:
     except subprocess.TimeoutExpired:
       self._send(i, signal.SIGKILL)
       p.wait(wait_s)
+
+
+class Accelerator(enum.Enum):
+  CPU = "cpu"  # each server gets disjoint CPU cores
+  GPU = "gpu"  # each server gets one GPU (and disjoint cores for its host threads)
+  TPU = "tpu"  # each server gets one TPU chip (and disjoint cores)
+
+
+def main(argv: Sequence[str]) -> None:
+  """Starts the servers (flags after `--` go to each server), prints URLs, runs until signalled."""
+  f = flags.FLAGS
+  n, accel = f.num_servers, f.accelerator
+  servers = LocalServers.start(
+      f.model_path, n, cpu_sets=split_cpus(n), base_port=f.base_port, module=f.module,
+      gpu_ids=list(range(n)) if accel is Accelerator.GPU else None,
+      tpu_ids=list(range(n)) if accel is Accelerator.TPU else None,
+      extra_args=list(argv[1:]), startup_timeout_s=f.startup_timeout_s, log_dir=f.server_log_dir)
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so `with` below stops the servers
+  with servers:
+    for url, spec in zip(servers.urls, servers.specs):
+      print(url, spec.log_path, flush=True)
+    try:
+      signal.pause()
+    except KeyboardInterrupt:
+      pass
+
+
+if __name__ == "__main__":
+  # Flags exist only when run as a program, so importing this module never clashes with
+  # another entry point's flags of the same name (e.g. the JAX server's --port).
+  flags.DEFINE_integer("num_servers", 1, "How many servers to start.")
+  flags.DEFINE_string("model_path", None, "HF-format checkpoint directory to serve.")
+  flags.DEFINE_integer("base_port", None, "Ports base_port, base_port+1, ...; default: free ports.")
+  flags.DEFINE_enum_class("accelerator", Accelerator.CPU, Accelerator, "Device per server.")
+  flags.DEFINE_string("module", DEFAULT_MODULE, "Server module run with `python -m`.")
+  flags.DEFINE_string("server_log_dir", None, "Where server_<i>_<port>.log go (default: temp).")
+  flags.DEFINE_float("startup_timeout_s", 600.0, "Seconds to wait for each /health.")
+  flags.mark_flag_as_required("model_path")
+  absl_app.run(main)

@@ -369,17 +369,6 @@ class StubServer:
     return web.json_response({"status": "ok"})
 
 
-flags.DEFINE_integer("port", 30000, "Port to listen on.")
-flags.DEFINE_string("host", "127.0.0.1", "Interface to bind.")
-flags.DEFINE_string("model_path", StubConfig.model_path, "Reported model path.")
-flags.DEFINE_string("weight_version", StubConfig.weight_version, "Initial weight version.")
-flags.DEFINE_integer("vocab_size", StubConfig.vocab_size, "Fake vocabulary size.")
-flags.DEFINE_integer("max_running_requests", StubConfig.max_running_requests, "Running at once.")
-flags.DEFINE_float("latency_s", 0.0, "Delay before each request's first token.")
-flags.DEFINE_float("token_latency_s", 0.0, "Delay per output token.")
-flags.DEFINE_string("misbehave", "none", "|".join(m.value for m in Misbehave) + " (die_after=K)")
-
-
 def main(argv: list[str]) -> None:
   del argv
   f = flags.FLAGS
@@ -396,4 +385,15 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+  # Flags exist only when run as a program, so importing this module never clashes with
+  # another entry point's flags of the same name (e.g. the JAX server's --port).
+  flags.DEFINE_integer("port", 30000, "Port to listen on.")
+  flags.DEFINE_string("host", "127.0.0.1", "Interface to bind.")
+  flags.DEFINE_string("model_path", StubConfig.model_path, "Reported model path.")
+  flags.DEFINE_string("weight_version", StubConfig.weight_version, "Initial weight version.")
+  flags.DEFINE_integer("vocab_size", StubConfig.vocab_size, "Fake vocabulary size.")
+  flags.DEFINE_integer("max_running_requests", StubConfig.max_running_requests, "Running at once.")
+  flags.DEFINE_float("latency_s", 0.0, "Delay before each request's first token.")
+  flags.DEFINE_float("token_latency_s", 0.0, "Delay per output token.")
+  flags.DEFINE_string("misbehave", "none", "|".join(m.value for m in Misbehave) + " (die_after=K)")
   absl_app.run(main)
