@@ -63,12 +63,15 @@ def _plot_scaling(rows: list[dict], path: str) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
-  for label in dict.fromkeys(_label(r) for r in rows):
+  for i, label in enumerate(dict.fromkeys(_label(r) for r in rows)):
     sel = [r for r in rows if _label(r) == label]
-    ax.plot([r["gpus"] for r in sel], [r["samples_per_s"] for r in sel], "o-", label=label)
+    gpus = [r["gpus"] for r in sel]
+    ax.plot(gpus, [r["samples_per_s"] for r in sel], "o-", color=f"C{i}", label=label)
     if label != "sync":
-      bx.plot([r["gpus"] for r in sel], [r["speedup_vs_sync"] for r in sel], "o-", label=label)
+      bx.plot(gpus, [r["speedup_vs_sync"] for r in sel], "o-", color=f"C{i}", label=label)
+      bx.plot(gpus, [r["token_speedup_vs_sync"] for r in sel], "--", color=f"C{i}", alpha=0.6)
   bx.plot([128], [PAPER_SPEEDUP_128], "k*", markersize=12, label="paper (async vs sync)")
+  bx.plot([], [], "k--", alpha=0.6, label="dashed: tokens/s ratio")
   ax.set(xscale="log", xlabel="GPUs", ylabel="samples/s", title="Simulated throughput")
   bx.set(xscale="log", xlabel="GPUs", ylabel="async / sync", title="Speedup over sync")
   for axis in (ax, bx):
@@ -85,7 +88,9 @@ def _plot_seqlen(rows: list[dict], path: str) -> None:
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(5.5, 4))
   sel = [r for r in rows if r["mode"] == "async"]
-  ax.plot([r["mean_len"] for r in sel], [r["speedup_vs_sync"] for r in sel], "o-", label="simulated")
+  lens = [r["mean_len"] for r in sel]
+  ax.plot(lens, [r["speedup_vs_sync"] for r in sel], "o-", label="simulated, samples/s")
+  ax.plot(lens, [r["token_speedup_vs_sync"] for r in sel], "o--", label="simulated, tokens/s")
   ax.axhspan(*PAPER_SEQLEN_RANGE, color="grey", alpha=0.25, label="paper range 1.53–2.24×")
   ax.set(xscale="log", xlabel="mean response length (tokens)", ylabel="async / sync",
          title=f"Speedup vs length ({sel[0]['gpus']} GPUs)")
@@ -122,7 +127,8 @@ def main(argv):
     _write(rows, _OUT.value, "split")
     print(f"\n# train/rollout split at {_SPLIT_GPUS.value} GPUs, α=2 (paper: 24 rollout + 16 train "
           "best, ~2× over sync)")
-    _print(rows, ["mode", "train_gpus", "samples_per_s", "speedup_vs_sync", "idle_fraction"])
+    _print(rows, ["mode", "train_gpus", "samples_per_s", "speedup_vs_sync",
+                  "token_speedup_vs_sync", "idle_fraction", "dropped_samples"])
   if "seqlen" in _TABLES.value:
     rows = sim.sequence_rows([float(x) for x in _SEQ_LENS.value], _SEQ_GPUS.value,
                              _SEQ_ALPHA.value, workload, _SEED.value)
@@ -130,14 +136,16 @@ def main(argv):
     _plot_seqlen(rows, os.path.join(_OUT.value, "seqlen.png"))
     print(f"\n# sequence length at {_SEQ_GPUS.value} GPUs (paper: async 1.53–2.24× over sync)")
     _print(rows, ["mean_len", "mode", "train_gpus", "samples_per_s", "tokens_per_s",
-                  "speedup_vs_sync"])
+                  "mean_len_trained", "dropped_samples", "speedup_vs_sync",
+                  "token_speedup_vs_sync"])
   if "scaling" in _TABLES.value:
     rows = sim.scaling_rows(gpus, alphas, workload, _SEED.value)
     _write(rows, _OUT.value, "scaling")
     _plot_scaling(rows, os.path.join(_OUT.value, "scaling.png"))
     print(f"\n# scaling (paper: async {PAPER_SPEEDUP_128}× over sync at 128 GPUs)")
     _print(rows, ["gpus", "mode", "alpha", "train_gpus", "samples_per_s", "tokens_per_s",
-                  "gen_time_s", "idle_fraction", "dropped_samples", "speedup_vs_sync"])
+                  "mean_len_trained", "gen_time_s", "idle_fraction", "dropped_samples",
+                  "speedup_vs_sync", "token_speedup_vs_sync"])
     top = max(gpus)
     headline = (top, max(r["speedup_vs_sync"] for r in rows if r["gpus"] == top))
   print(f"\n(simulated in {time.time() - start:.0f} s; outputs in {_OUT.value})")

@@ -130,7 +130,8 @@ class RolloutPool:
         break
       self.pending.popleft()
       for request in unit:
-        request.start_version = self.version()
+        if request.start_version is None:
+          request.start_version = self.version()
         request.start_time = now
         worker.admit(request, now)
       self._reschedule(worker)

@@ -140,5 +140,7 @@ def _row(gpus, mode, alpha, train_gpus, summary, sync) -> dict:
       "samples_per_s": summary["samples_per_s"], "tokens_per_s": summary["tokens_per_s"],
       "step_time_s": summary["step_time_s"], "gen_time_s": summary["gen_time_s"],
       "idle_fraction": summary["idle_fraction"], "dropped_samples": summary["dropped_samples"],
+      "mean_len_trained": summary["tokens_per_s"] / summary["samples_per_s"],
       "speedup_vs_sync": summary["samples_per_s"] / sync["samples_per_s"],
+      "token_speedup_vs_sync": summary["tokens_per_s"] / sync["tokens_per_s"],
   }

@@ -65,6 +65,9 @@ class Run:
       z = self._reissue.popleft() if self._reissue else float(self.rng.standard_normal())
       lengths = self.config.lengths.sample(self.rng, [z], self.config.group_size)[0]
       group = Group(next(self._gids), z, lengths, self.config.lengths.prompt_tokens, self.loop.now)
+      for request in group.requests:
+        # As in the controller, staleness counts from dispatch: queueing for a slot is included.
+        request.start_version = self.rollout_version
       self._live[group.gid] = group
       groups.append(group)
     self.outstanding += count
