@@ -20,6 +20,8 @@ import dataclasses
 import heapq
 from typing import Callable
 
+import numpy as np
+
 from flashrl_jax.sim import _costs
 from flashrl_jax.sim._events import EventLoop
 from flashrl_jax.sim._worker import Group, Request, Worker
@@ -108,6 +110,9 @@ class RolloutPool:
     self.wave: set[int] = set()
     self.wave_generated: list[Request] = []
     self._reward_free = [0.0] * (cost.reward_workers or 0)
+    # Active requests per worker, mirrored in an array so that placement is one vectorised argmin.
+    self._loads = np.zeros(len(workers), dtype=np.int64)
+    self._slots = np.array([w.slots for w in workers], dtype=np.int64)
 
   def submit(self, groups: list[Group]) -> None:
     """Queue `groups` together (one batch-level wave can take them all), then dispatch."""
@@ -139,13 +144,13 @@ class RolloutPool:
     return admitted
 
   def _least_loaded(self, size: int) -> Worker | None:
-    best = None
-    for worker in self.workers:
-      if worker.free_slots >= size and (best is None or worker.load < best.load):
-        best = worker
-    return best
+    """Fewest active requests among workers with `size` free slots (lowest id on ties), or None."""
+    loads = np.where(self._slots - self._loads >= size, self._loads, np.iinfo(np.int64).max)
+    best = int(np.argmin(loads))
+    return self.workers[best] if self._slots[best] - self._loads[best] >= size else None
 
   def _reschedule(self, worker: Worker) -> None:
+    self._loads[worker.wid] = worker.load
     t = worker.next_finish(self.loop.now)
     if t is not None:
       self.loop.at(t, self._on_finish, worker, worker.epoch)
