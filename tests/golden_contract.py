@@ -145,16 +145,39 @@ class _Live:
     self.checked.append(name)
     return got
 
-  async def wait_running(self, at_least: int = 1, timeout_s: float = 60.0) -> None:
+  async def wait_running(self, task: asyncio.Task, timeout_s: float = 60.0) -> bool:
+    """True once the server reports a running request; False if `task` finished first."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
+    while loop.time() < deadline and not task.done():
       async with self.s.get(self.url + "/v1/loads") as resp:
         loads = proto.ServerLoad.list_from_json(json.loads(await resp.text()))
-      if sum(x.num_running_reqs for x in loads) >= at_least:
-        return
-      await asyncio.sleep(0.01)
-    raise AssertionError(f"{self.url}: no request started running within {timeout_s}s")
+      if sum(x.num_running_reqs for x in loads) >= 1:
+        return True
+      await asyncio.sleep(0.002)
+    assert task.done(), f"{self.url}: no request started running within {timeout_s}s"
+    return False
+
+  async def interrupt(self, name: str, request: dict[str, Any], action, undo=None,
+                      tries: int = 5) -> Any:
+    """Runs golden `name` with `request`, applies `action(rid)` while it runs, returns the response.
+
+    A fast server may finish a request before the action lands; then `undo()` and the scenario is
+    retried.
+    """
+    for i in range(tries):
+      rid = f"{request['rid']}-{i}"
+      task = asyncio.create_task(self.call(name, dict(request, rid=rid)))
+      if await self.wait_running(task):
+        await action(rid)
+        out = await task
+        if out["meta_info"]["finish_reason"]["type"] == "abort":
+          return out
+        if undo is not None:
+          await undo()
+      else:
+        await task
+    raise AssertionError(f"{name}: could not interrupt a running request in {tries} tries")
 
   def request(self, name: str, **overrides: Any) -> dict[str, Any]:
     rid = f"{name}-{uuid.uuid4().hex[:8]}"
@@ -176,23 +199,26 @@ async def _check(url: str, long_max_new_tokens: int) -> list[str]:
                  "generate_error_out_of_vocab", "generate_error_negative_max_new_tokens",
                  "generate_error_oversized_prompt", "continue_generation"]:
       await live.call(name)
-    long = {"max_new_tokens": long_max_new_tokens}
+    long = {"max_new_tokens": long_max_new_tokens, "ignore_eos": True}
 
     # abort_request (one rid, then all) → the running /generate returns partial output, HTTP 200.
-    for abort_name in ["abort_request", "abort_request_all"]:
-      req = live.request("generate_abort", sampling_params=long)
-      task = asyncio.create_task(live.call("generate_abort", req))
-      await live.wait_running()
-      abort_body = {"rid": req["rid"], "abort_all": abort_name == "abort_request_all"}
-      await live.call(abort_name, abort_body)
-      assert _finish(await task) == "abort", f"{abort_name} did not abort the request"
+    async def abort_one(rid):
+      await live.call("abort_request", {"rid": rid, "abort_all": False})
 
+    async def abort_all(rid):
+      await live.call("abort_request_all")
+
+    async def pause_abort(rid):
+      await live.call("pause_generation_abort")
+
+    async def resume():
+      await live.call("continue_generation")
+
+    req = live.request("generate_abort", sampling_params=long)
+    for action in (abort_one, abort_all):
+      await live.interrupt("generate_abort", req, action)
     # pause in abort mode → partial output with finish abort; new requests wait until continue.
-    task = asyncio.create_task(live.call("generate_abort",
-                                         live.request("generate_abort", sampling_params=long)))
-    await live.wait_running()
-    await live.call("pause_generation_abort")
-    assert _finish(await task) == "abort", "pause(abort) did not abort the running request"
+    await live.interrupt("generate_abort", req, pause_abort, undo=resume)
     # While paused, a new request waits; aborting it gives the 'aborted before running' shape.
     queued = live.request("generate_abort_queued")
     task = asyncio.create_task(live.call("generate_abort_queued", queued))
@@ -204,9 +230,9 @@ async def _check(url: str, long_max_new_tokens: int) -> list[str]:
 
     # in_place / retract: the request survives the pause and finishes normally after continue.
     for mode in ["in_place", "retract"]:
-      req = live.request("generate_weight_spans", sampling_params={"max_new_tokens": 8})
+      req = live.request("generate_weight_spans", sampling_params=long)
       task = asyncio.create_task(live.call("generate_weight_spans", req))
-      await live.wait_running()
+      await live.wait_running(task)
       await live.call(f"pause_generation_{mode}")
       await asyncio.sleep(0.2)
       await live.call("continue_generation")

@@ -111,6 +111,7 @@ def test_stub_passes_golden_contract(tmp_path):
   assert set(checked) == set(GOLDENS)
 
 
+@pytest.mark.slow  # ~30 s on 2 cores: one JAX server process (startup + warmup compile)
 @pytest.mark.skipif(importlib.util.find_spec("flashrl_jax.rollout.server") is None,
                     reason="the JAX rollout server is not there yet")
 def test_jax_server_passes_golden_contract(tmp_path):

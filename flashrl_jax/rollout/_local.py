@@ -1,8 +1,7 @@
 """Start, kill and restart local rollout server processes, each pinned to its own cores or device.
 
 Rollout servers run as separate processes (like SGLang's), so that a crash, a hang or a restart of
-one never takes the controller down, and so that each gets disjoint CPU cores (`sched_setaffinity`
-in the child), one GPU (`CUDA_VISIBLE_DEVICES`) or one TPU chip (`TPU_VISIBLE_CHIPS` with one-chip
+one never takes the controller down, and so that each gets disjoint CPU cores (`taskset`), one GPU (`CUDA_VISIBLE_DEVICES`) or one TPU chip (`TPU_VISIBLE_CHIPS` with one-chip
 process bounds). Each process runs in its own process group, so `kill` (SIGKILL, for fault tests)
 and `stop` also reach its children; logs go to one file per server. The same launcher starts our
 JAX server (`flashrl_jax.rollout.server`) or the protocol stub (`flashrl_jax.rollout._stub`).
@@ -107,7 +106,9 @@ class LocalServers:
       penv = {**base_env, **_device_env(i, gpu_ids, tpu_ids)}
       if cpus:  # keep thread pools to the cores the process may use
         penv.setdefault("OMP_NUM_THREADS", str(len(cpus)))
-      argv = (*(command or (python, "-m", module)), f"--model_path={model_path}",
+      # taskset pins before exec; a preexec_fn would fork a (multithreaded, JAX-importing) parent.
+      pin = ("taskset", "-c", ",".join(map(str, cpus))) if cpus else ()
+      argv = (*pin, *(command or (python, "-m", module)), f"--model_path={model_path}",
               f"--port={port}", f"--host={host}", *extra_args)
       specs.append(ServerSpec(argv, tuple(sorted(penv.items())), cpus, f"http://{host}:{port}",
                               os.path.join(log_dir, f"server_{i}_{port}.log")))
@@ -166,18 +167,12 @@ class LocalServers:
 
   def _spawn(self, i: int) -> None:
     spec = self.specs[i]
-    cpus = spec.cpus
-
-    def pin() -> None:  # runs in the child between fork and exec
-      if cpus:
-        os.sched_setaffinity(0, cpus)
-
     with open(spec.log_path, "ab") as log:
       log.write(f"=== {time.strftime('%H:%M:%S')} {' '.join(spec.argv)}\n".encode())
       log.flush()
       self._procs[i] = subprocess.Popen(spec.argv, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=dict(spec.env),
-                                        start_new_session=True, preexec_fn=pin)
+                                        start_new_session=True)
 
   def _wait_ready(self, i: int) -> None:
     spec, proc = self.specs[i], self._procs[i]
