@@ -28,12 +28,19 @@ calibration.json (only `run` and `decode` are required):
    "reward_s": 0.0, "reward_workers": null, "warmup_steps": 1}
 `per_token_s` is device-seconds per trained token (prompt + response). On CPU a "device" is the
 process's core slice; sync runs on separate rollout and trainer processes, as the controller does.
+
+To measure the `decode` block on this machine with the project's own engine (static-shape slots,
+so the step time barely depends on how many are active):
+
+    python -m experiments.benchmarks.sim_vs_measured --measure_decode=.cache/demo_model --slots=16
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import time
 
 import numpy as np
 from absl import app, flags
@@ -144,13 +151,39 @@ def compare(records: list[dict], calibration: dict, seeds: int = 3) -> dict:
   }
 
 
-_METRICS = flags.DEFINE_string("metrics", None, "A run's metrics.jsonl.", required=True)
-_CALIBRATION = flags.DEFINE_string("calibration", None, "Calibration JSON.", required=True)
+def measure_decode(model_path: str, slots: int, tokens: int = 32) -> dict:
+  """Decode step seconds vs active requests on one `flashrl_jax.rollout.Engine` (a `decode` block)."""
+  from flashrl_jax.rollout import Engine, EngineConfig, Sampling  # JAX only when asked for
+  prompt = list(range(3, 11))
+  sampling = Sampling(max_new_tokens=tokens, ignore_eos=True)
+  active = sorted({1, max(slots // 4, 1), max(slots // 2, 1), slots})
+  step_s = []
+  with Engine(EngineConfig(model_path=model_path, max_running_requests=slots)) as engine:
+    for count in active:
+      for attempt in range(2):  # the first pass compiles this prefill shape
+        before = dataclasses.replace(engine.stats)
+        start = time.perf_counter()
+        engine.generate([prompt] * count, sampling)
+        wall = time.perf_counter() - start
+      step_s.append(wall / max(engine.stats.decode_steps - before.decode_steps, 1))
+  return {"active": active, "step_s": step_s}
+
+
+_METRICS = flags.DEFINE_string("metrics", None, "A run's metrics.jsonl.")
+_CALIBRATION = flags.DEFINE_string("calibration", None, "Calibration JSON.")
 _SEEDS = flags.DEFINE_integer("seeds", 3, "Simulation seeds to average.")
+_MEASURE_DECODE = flags.DEFINE_string("measure_decode", None,
+                                      "Model directory: print a measured `decode` block and exit.")
+_SLOTS = flags.DEFINE_integer("slots", 16, "Engine slots for --measure_decode.")
 
 
 def main(argv):
   del argv
+  if _MEASURE_DECODE.value:
+    print(json.dumps({"decode": measure_decode(_MEASURE_DECODE.value, _SLOTS.value)}))
+    return
+  if not (_METRICS.value and _CALIBRATION.value):
+    raise app.UsageError("--metrics and --calibration are required (or --measure_decode).")
   with open(_CALIBRATION.value) as f:
     calibration = json.load(f)
   report = compare(load_metrics(_METRICS.value), calibration, _SEEDS.value)
