@@ -69,6 +69,11 @@ def test_server_killed_mid_run_loses_no_request(tmp_path):
         again = await asyncio.gather(*(c.generate([3], SamplingParams(max_new_tokens=2))
                                        for _ in range(9)))
         assert sum(r.server_url == victim for r in again) == 3
+
+        servers.kill(1)  # idle now: only the health check can notice
+        await _wait_until(lambda: not {s.url: s for s in c.stats().servers}[victim].healthy)
+        servers.restart(1)
+        await _wait_until(lambda: all(s.healthy for s in c.stats().servers))
     run(main())
 
 

@@ -168,7 +168,7 @@ class RolloutClient:
       body = proto.generate_request(prompt, sampling, wire_rid)
       self._active[rid] = (server, wire_rid)
       self._counts["generate"] += 1
-      self._counts["retries"] += i > 0
+      self._counts["retries"] += int(i > 0)
       try:
         with self._pool.track(server):
           out = await self._attempt(server, body, sampling.max_new_tokens)
