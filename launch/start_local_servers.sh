@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Starts K flashrl_jax rollout servers (our JAX engine behind SGLang's HTTP protocol) on this host,
-# each pinned to its own disjoint CPU cores (and, with ACCEL=gpu|tpu, its own GPU or TPU chip), waits
-# until each answers GET /health, prints "URL LOG_FILE" per server, and stops them all on Ctrl-C or
-# SIGTERM. Hand the URLs to RolloutClient (or the controller's config).
+# each pinned to its own disjoint CPU cores (and, with ACCEL=gpu|tpu, its own GPU or TPU chip),
+# waits until each answers GET /health, prints "URL LOG_FILE" per server, and stops them all on
+# Ctrl-C or SIGTERM. Hand the URLs to RolloutClient (or the controller's config).
 #
 #   launch/start_local_servers.sh K MODEL_PATH [BASE_PORT]
 #

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Starts K real SGLang servers for GPU users, one per GPU (or GPUS_PER_SERVER GPUs, tensor-parallel),
-# each on 127.0.0.1:BASE_PORT+i, waits until each answers GET /health_generate, prints one URL per
-# line, and stops them all on Ctrl-C or SIGTERM. flashrl_jax's RolloutClient talks to these exactly
-# as to our own servers (shared/SGLANG_PROTOCOL.md); SGLang is an optional extra that flashrl_jax
-# never imports: install it in its own environment (pip install "sglang[all]") and point PYTHON there.
+# Starts K real SGLang servers for GPU users, one per GPU (or GPUS_PER_SERVER GPUs, tensor
+# parallel), each on 127.0.0.1:BASE_PORT+i, waits until each answers GET /health_generate, prints
+# "URL LOG_FILE" per server, and stops them all on Ctrl-C or SIGTERM. flashrl_jax's RolloutClient
+# talks to these exactly as to our own servers (shared/SGLANG_PROTOCOL.md). SGLang is an optional
+# extra that flashrl_jax never imports: install it in its own environment
+# (pip install "sglang[all]") and point PYTHON there.
 #
 #   launch/start_sglang_servers.sh K MODEL_PATH [BASE_PORT]
 #

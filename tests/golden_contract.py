@@ -4,8 +4,8 @@
 and which response keys a conforming server may omit). This module (1) validates every golden
 response with the client's own parsers, and (2) replays the goldens against a live server and checks
 that each answer has the golden's status and JSON shape and passes the same parsers:
-`check_server_against_golden(url)` is what any server (the stub, our JAX server, real SGLang) must pass
-for `RolloutClient` to work against it unchanged.
+`check_server_against_golden(url)` is what any server (the stub, our JAX server, real SGLang) must
+pass for `RolloutClient` to work against it unchanged.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The asyncio client that drives N SGLang-protocol rollout servers for the controller.
 
-Rollout is most of an RL step, so servers must stay busy and no sample may be lost: the client sends
-each sample to the server with the fewest outstanding requests, times requests out, retries a request
-on another server when one dies, hangs or answers with a malformed response (validated in
+Rollout is most of an RL step, so servers must stay busy and no sample may be lost: the client
+sends each sample to the server with the fewest outstanding requests, times requests out, retries a
+request on another server when one dies, hangs or answers with a malformed response (validated in
 `_protocol`), and takes dead servers out of rotation (`_servers`; a background `GET /health` puts
 them back). When a server aborts a request (pause in abort mode, e.g. around a weight update) the
 client continues it: it re-submits `prompt + generated prefix` with the remaining `max_new_tokens`,
