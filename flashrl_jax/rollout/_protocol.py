@@ -2,8 +2,8 @@
 
 Rollout servers (real SGLang on GPUs, our JAX server elsewhere, the test stub) all speak the JSON of
 `shared/SGLANG_PROTOCOL.md`. This module is the one place that turns typed requests into that JSON
-and turns response JSON back into typed values, rejecting anything malformed (`MalformedResponse`): a
-response whose log-prob count differs from its token count, or whose token ids fall outside the
+and turns response JSON back into typed values, rejecting anything malformed (`MalformedResponse`):
+a response whose log-prob count differs from its token count, or whose token ids fall outside the
 vocabulary, would silently corrupt off-policy correction downstream, so it must never get past here.
 """
 
