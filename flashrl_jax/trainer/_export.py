@@ -1,0 +1,289 @@
+"""Versioned HF safetensors exports of the policy: the checkpoint-based weight handoff.
+
+Why: rollout servers (SGLang's `/update_weights_from_disk`, our own JAX server) load a new policy
+from an HF directory `<root>/weight_v{version:06d}` (the convention in SGLANG_PROTOCOL.md). Two
+things must hold while the trainer keeps publishing versions:
+
+* A reader never sees a half-written version. A version is written into a hidden temp dir in the
+  same root (`.tmp-<pid>-<rand>-weight_v...-<host>`), every file and the dir are fsynced, then
+  one `os.rename` publishes it (atomic on POSIX within a filesystem) and the root is fsynced. Its
+  `manifest.json` (version, step, created time, sha256 and size per file) is written inside the temp
+  dir, so a published version always carries the checksums to verify it by (`verify_version`).
+* A version never disappears under a server still loading or serving it. `VersionStore.gc` deletes
+  only versions no caller holds (`acquire`/`release` reference counts, kept in the process that owns
+  the store), and deletes by renaming to `.trash-...` first, so a listing never shows a torn one.
+
+A writer that crashed leaves a temp dir; `VersionStore` removes those of dead processes on this host
+when it starts. Multi-host: every process calls `export_version` (the parameters are gathered with a
+collective), only process 0 writes, and all return once the version is published.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
+
+from flashrl_jax.model import ModelConfig, hf_tensors, write_hf_dir
+from flashrl_jax.trainer._distributed import to_host
+
+_log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+_PREFIX = "weight_v"
+_VERSION_RE = re.compile(rf"^{_PREFIX}(\d{{6,}})$")
+_TMP = ".tmp-"
+_TRASH = ".trash-"
+
+
+class CorruptVersionError(ValueError):
+  """An exported version's files do not match its manifest."""
+
+
+def version_dirname(version: int) -> str:
+  if version < 0:
+    raise ValueError(f"A policy version is >= 0, got {version}.")
+  return f"{_PREFIX}{version:06d}"
+
+
+# --- writing --------------------------------------------------------------------------------------
+
+def _params(state_or_model: Any) -> nnx.State:
+  """The `nnx.Param` state of a `Decoder`, of a `TrainState` (`.params`), or the state itself."""
+  if isinstance(state_or_model, nnx.Module):
+    return nnx.state(state_or_model, nnx.Param)
+  return getattr(state_or_model, "params", state_or_model)
+
+
+def _fsync(path: str) -> None:
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def _sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def _write_version(config: ModelConfig, tensors, version: int, step: int | None,
+                   root_dir: str) -> str:
+  final = os.path.join(root_dir, version_dirname(version))
+  if os.path.exists(final):
+    raise FileExistsError(f"Policy version {version} already exists at {final}; versions are "
+                          "immutable once published (readers may hold it).")
+  tmp = os.path.join(root_dir, f"{_TMP}{os.getpid()}-{uuid.uuid4().hex[:8]}-"
+                               f"{version_dirname(version)}-{socket.gethostname()}")
+  os.makedirs(tmp)
+  try:
+    files = {}
+    for name in write_hf_dir(config, tensors, tmp):
+      path = os.path.join(tmp, name)
+      _fsync(path)
+      files[name] = {"sha256": _sha256(path), "bytes": os.path.getsize(path)}
+    now = time.time()
+    manifest = {"version": version, "step": step, "created_unix": now,
+                "created": datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(),
+                "files": files}
+    with open(os.path.join(tmp, MANIFEST), "w") as f:
+      json.dump(manifest, f, indent=1)
+      f.flush()
+      os.fsync(f.fileno())
+    _fsync(tmp)
+    if os.path.exists(final):  # A concurrent writer of the same version won; keep theirs.
+      raise FileExistsError(f"Policy version {version} appeared at {final} while writing it.")
+    os.rename(tmp, final)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  _fsync(root_dir)
+  return final
+
+
+def export_version(state_or_model: Any, version: int, root_dir: str, *, config: ModelConfig,
+                   dtype=None, step: int | None = None) -> str:
+  """Publishes the policy as the HF safetensors dir `<root_dir>/weight_v{version:06d}`; returns it.
+
+  Args:
+    state_or_model: a `Decoder`, a `TrainState` (its `.params` are exported) or an `nnx.State` of
+      the decoder's Params; sharded arrays are gathered (a collective when multi-process).
+    version: the policy version (the trainer's `policy_version`); must not exist yet.
+    root_dir: the directory rollout servers read versions from (created if missing).
+    config: the model config written to `config.json`.
+    dtype: cast the weights to this dtype (e.g. `jnp.bfloat16`); default: as stored.
+    step: the trainer step recorded in the manifest.
+  """
+  version_dirname(version)
+  tensors = hf_tensors(config, to_host(_params(state_or_model)), dtype)
+  root_dir = os.path.abspath(root_dir)
+  final = os.path.join(root_dir, version_dirname(version))
+  error = None
+  if jax.process_index() == 0:
+    os.makedirs(root_dir, exist_ok=True)
+    try:
+      final = _write_version(config, tensors, version, step, root_dir)
+    except Exception as e:  # pylint: disable=broad-except
+      error = e
+  if error is not None:
+    if jax.process_count() > 1:
+      multihost_utils.broadcast_one_to_all(np.int32(0))
+    raise error
+  if jax.process_count() > 1:  # Others return only once process 0 has published (or failed).
+    if not multihost_utils.broadcast_one_to_all(np.int32(1)):
+      raise RuntimeError(f"Process 0 failed to export policy version {version} to {root_dir}.")
+  return final
+
+
+# --- reading --------------------------------------------------------------------------------------
+
+def verify_version(path: str) -> dict:
+  """Checks every file of an exported version against its manifest; returns the manifest.
+
+  Raises:
+    CorruptVersionError: naming the missing, extra, resized or modified file.
+  """
+  manifest_path = os.path.join(path, MANIFEST)
+  try:
+    with open(manifest_path) as f:
+      manifest = json.load(f)
+  except (OSError, ValueError) as e:
+    raise CorruptVersionError(f"{path} has no readable {MANIFEST}: {e}") from e
+  files = manifest["files"]
+  present = set(os.listdir(path)) - {MANIFEST}
+  if present != set(files):
+    raise CorruptVersionError(f"{path}: files {sorted(present)} differ from the manifest's "
+                              f"{sorted(files)}.")
+  for name, entry in files.items():
+    file = os.path.join(path, name)
+    if os.path.getsize(file) != entry["bytes"]:
+      raise CorruptVersionError(f"{file} has {os.path.getsize(file)} bytes, the manifest says "
+                                f"{entry['bytes']}.")
+    if _sha256(file) != entry["sha256"]:
+      raise CorruptVersionError(f"{file} does not match its sha256 in {manifest_path}.")
+  return manifest
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+class VersionStore:
+  """The versions under one root: listing, reference counts, and garbage collection.
+
+  One process (the controller / trainer process 0) owns a root's store: `acquire` and `release` are
+  counted in memory here, by the caller, for each rollout server loading or serving a version.
+  Readers elsewhere may list the root (`versions`, `latest`) with a store of their own made with
+  `clean_stale=False`.
+  """
+
+  def __init__(self, root_dir: str, *, clean_stale: bool = True):
+    self.root_dir = os.path.abspath(root_dir)
+    os.makedirs(self.root_dir, exist_ok=True)
+    self._refs: collections.Counter[int] = collections.Counter()
+    self._lock = threading.Lock()
+    if clean_stale:
+      self.clean_stale()
+
+  def path(self, version: int) -> str:
+    return os.path.join(self.root_dir, version_dirname(version))
+
+  def versions(self) -> list[int]:
+    """Published versions, oldest first."""
+    out = []
+    for name in os.listdir(self.root_dir):
+      match = _VERSION_RE.match(name)
+      if match:
+        out.append(int(match.group(1)))
+    return sorted(out)
+
+  def latest(self) -> int | None:
+    versions = self.versions()
+    return versions[-1] if versions else None
+
+  def export(self, state_or_model: Any, version: int, *, config: ModelConfig, dtype=None,
+             step: int | None = None) -> str:
+    return export_version(state_or_model, version, self.root_dir, config=config, dtype=dtype,
+                          step=step)
+
+  def acquire(self, version: int) -> str:
+    """Marks `version` in use (gc keeps it until a matching `release`); returns its path."""
+    with self._lock:
+      path = self.path(version)
+      if not os.path.isdir(path):
+        raise FileNotFoundError(f"Policy version {version} is not published under {self.root_dir}.")
+      self._refs[version] += 1
+      return path
+
+  def release(self, version: int) -> None:
+    with self._lock:
+      if self._refs[version] <= 0:
+        raise ValueError(f"release({version}) without a matching acquire.")
+      self._refs[version] -= 1
+      if not self._refs[version]:
+        del self._refs[version]
+
+  def refcount(self, version: int) -> int:
+    with self._lock:
+      return self._refs[version]
+
+  def gc(self, keep_last: int) -> list[int]:
+    """Deletes versions older than the newest `keep_last` that nobody holds; returns them."""
+    if keep_last < 1:
+      raise ValueError(f"keep_last must be >= 1, got {keep_last}.")
+    deleted = []
+    with self._lock:
+      for version in self.versions()[:-keep_last]:
+        if self._refs[version]:
+          continue
+        trash = os.path.join(self.root_dir, f"{_TRASH}{uuid.uuid4().hex[:8]}-"
+                                            f"{version_dirname(version)}")
+        os.rename(self.path(version), trash)  # Unlisted at once; removed below.
+        shutil.rmtree(trash, ignore_errors=True)
+        deleted.append(version)
+    return deleted
+
+  def clean_stale(self) -> list[str]:
+    """Removes temp dirs of crashed writers on this host, and leftover trash; returns them."""
+    host, removed = socket.gethostname(), []
+    for name in os.listdir(self.root_dir):
+      path = os.path.join(self.root_dir, name)
+      if name.startswith(_TRASH):
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(name)
+      elif name.startswith(_TMP):
+        parts = name[len(_TMP):].split("-", 3)  # pid, random, weight_v..., host
+        pid, writer_host = parts[0], parts[-1]
+        if len(parts) != 4 or writer_host != host:
+          _log.warning("Leaving %s: written from host %s, cannot tell if it is alive.", path,
+                       writer_host)
+        elif not pid.isdigit() or not _pid_alive(int(pid)):
+          _log.warning("Removing %s, left by a crashed writer.", path)
+          shutil.rmtree(path, ignore_errors=True)
+          removed.append(name)
+    return removed
