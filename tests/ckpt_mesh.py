@@ -2,7 +2,8 @@
 
 `python tests/ckpt_mesh.py DIR` (run by tests/test_trainer_checkpoint.py in a fresh process so the
 device count can be forced). The shardings come from the trainer's own rules table on each mesh;
-prints `OK` when every restore has the saved values and exactly the requested shardings.
+prints `OK` when every restore has the saved values and exactly the requested shardings, and the
+state restored on the 3-axis mesh exports (gathered from its shards) to the same weights.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from flashrl_jax.testing import tiny_config  # noqa: E402
 from flashrl_jax.trainer import TrainConfig, abstract_train_state, make_mesh  # noqa: E402
+from flashrl_jax.model import load_hf  # noqa: E402
 from flashrl_jax.trainer._checkpoint import CheckpointConfig, Checkpointer  # noqa: E402
+from flashrl_jax.trainer._export import export_version, verify_version  # noqa: E402
 
 
 def _random_state(abstract, seed: int = 0):
@@ -63,6 +67,12 @@ def main(directory: str) -> None:
     embed = restored.params["embed"].get_value()
     assert embed.sharding.mesh.shape == mesh.shape, (spec, embed.sharding)
     print(f"{spec}: {embed.sharding.spec} on {len(embed.sharding.device_set)} devices", flush=True)
+    if len(devices) == 8:
+      path = export_version(restored, 7, directory.rstrip("/") + "-exports", config=model_config)
+      verify_version(path)
+      exported = nnx.state(load_hf(path), nnx.Param)
+      for got, want in zip(jax.tree.leaves(exported), jax.tree.leaves(state.params)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   print("OK", flush=True)
 
 
