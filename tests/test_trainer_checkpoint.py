@@ -5,6 +5,7 @@ import glob
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -69,6 +70,26 @@ def test_restore_onto_different_meshes(tmp_path):
   result = subprocess.run([sys.executable, _script("ckpt_mesh.py"), str(tmp_path / "ckpt")],
                           env=env, capture_output=True, text=True, timeout=240)
   assert result.returncode == 0 and result.stdout.strip().endswith("OK"), result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_two_processes_checkpoint_restore_and_export(tmp_path):
+  """`jax.distributed` on a loopback coordinator: save, restore onto another mesh, export."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  procs = [subprocess.Popen(
+      [sys.executable, _script("ckpt_multihost.py"), str(tmp_path), f"127.0.0.1:{port}", str(i)],
+      env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      for i in range(2)]
+  outputs = []
+  for proc in procs:
+    try:
+      outputs.append(proc.communicate(timeout=240)[0])
+    finally:
+      proc.kill()
+  for i, (proc, output) in enumerate(zip(procs, outputs)):
+    assert proc.returncode == 0 and f"OK {i}" in output, output[-3000:]
 
 
 # --- in-process tests on a small pytree -----------------------------------------------------------
