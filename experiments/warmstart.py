@@ -21,6 +21,7 @@ from absl import app, flags, logging
 from flax import nnx
 
 from flashrl_jax import envs
+from experiments.configs.demo import demo_task
 from flashrl_jax.model import Decoder, Family, ModelConfig, char_tokenizer, save_hf, token_logprobs
 
 _OUT = flags.DEFINE_string("out", ".cache/demo_model", "Where the HF directory is written.")
@@ -37,14 +38,6 @@ def demo_model_config(vocab_size: int) -> ModelConfig:
                      intermediate_size=192, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                      rope_theta=10000.0, max_position_embeddings=512, tie_word_embeddings=True,
                      bos_token_id=1, eos_token_ids=(2,))
-
-
-def demo_task() -> envs.SyntheticConfig:
-  """Long-tail answer lengths: most answers are short, a few are 5-10x longer."""
-  return envs.SyntheticConfig(
-      task=envs.SyntheticTask.REPEAT,
-      lengths=envs.LengthDistribution(law=envs.LengthLaw.LOGNORMAL, median=6, sigma=0.8,
-                                      min_len=1, max_len=48))
 
 
 def _encode_batch(tok, samples, length: int):

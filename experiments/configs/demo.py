@@ -1,0 +1,36 @@
+"""The CPU demo: a tiny warm-started Qwen3-layout model learns a long-tail "repeat" task with async RL.
+
+`get_config()` is the default of `python -m experiments.train`. Two rollout server processes on one
+core, the trainer on the other, α = 2.
+"""
+
+from flashrl_jax import envs
+from flashrl_jax.controller import (Mode, ResourceConfig, RolloutConfig, RunConfig, TaskConfig)
+from flashrl_jax.losses import LossConfig
+from flashrl_jax.trainer import BatchConfig, OptimizerConfig, TrainConfig
+
+DEMO_MODEL_DIR = ".cache/demo_model"
+
+
+def demo_task() -> envs.SyntheticConfig:
+  """Long-tail answer lengths: most answers are short, a few are 5-8x longer."""
+  return envs.SyntheticConfig(
+      task=envs.SyntheticTask.REPEAT,
+      lengths=envs.LengthDistribution(law=envs.LengthLaw.LOGNORMAL, median=6, sigma=0.8,
+                                      min_len=1, max_len=48))
+
+
+def get_config() -> RunConfig:
+  return RunConfig(
+      model_path=DEMO_MODEL_DIR,
+      workdir="runs/demo",
+      task=TaskConfig(synthetic=demo_task(), reward=envs.RewardKind.EXACT_MATCH, seed=1),
+      train=TrainConfig(
+          loss=LossConfig(name="cispo", clip_low=1.0, clip_high=0.28),
+          optimizer=OptimizerConfig(learning_rate=5e-4, warmup_steps=2, max_grad_norm=1.0),
+          batch=BatchConfig(row_length=128, rows=8, sequences=32, max_response_length=64),
+          temperature=1.0),
+      rollout=RolloutConfig(num_servers=2, max_running_requests=16, max_new_tokens=60,
+                            temperature=1.0),
+      resources=ResourceConfig(rollout_devices=1, train_devices=1),
+      mode=Mode.ASYNC, async_ratio=2, steps=30, batch_size=8, group_size=4)

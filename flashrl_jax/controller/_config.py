@@ -1,0 +1,160 @@
+"""The typed configuration of an RL run: mode, async ratio, rollout backend, resources, task.
+
+Strings from flags become enums here, once; a contradictory combination (sync mode with an async
+ratio, SGLang without URLs, more cores than the machine has) fails before anything starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+
+from flashrl_jax import envs
+from flashrl_jax.rollout._protocol import PauseMode
+from flashrl_jax.trainer import TrainConfig
+
+
+class Mode(enum.Enum):
+  SYNC = "sync"    # generate the whole batch, wait for the longest, reward, train, update weights
+  ASYNC = "async"  # rollout-train decoupling with the per-sample staleness bound α
+
+
+class RolloutBackend(enum.Enum):
+  EMBEDDED = "embedded"  # our JAX engine, started as local server processes
+  SGLANG = "sglang"      # external SGLang-compatible servers at `sglang_urls`
+
+
+def _enum(cls, value):
+  try:
+    return cls(value)
+  except ValueError:
+    choices = ", ".join(repr(m.value) for m in cls)
+    raise ValueError(f"invalid {cls.__name__} {value!r}; expected one of {choices}.") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  """Rollout servers and sampling. `temperature` must equal the trainer's (behaviour log-probs)."""
+
+  backend: RolloutBackend = RolloutBackend.EMBEDDED
+  num_servers: int = 2
+  sglang_urls: tuple[str, ...] = ()
+  max_running_requests: int = 16
+  max_new_tokens: int = 64
+  temperature: float = 1.0
+  top_p: float = 1.0
+  pause_mode: PauseMode = PauseMode.ABORT
+  request_timeout_s: float = 300.0
+  max_retries: int = 3
+
+  def __post_init__(self):
+    object.__setattr__(self, "backend", _enum(RolloutBackend, self.backend))
+    object.__setattr__(self, "pause_mode", _enum(PauseMode, self.pause_mode))
+    object.__setattr__(self, "sglang_urls", tuple(u for u in self.sglang_urls if u))
+    if self.backend is RolloutBackend.SGLANG and not self.sglang_urls:
+      raise ValueError("--rollout=sglang needs --sglang_urls (comma-separated server URLs).")
+    if self.backend is RolloutBackend.EMBEDDED and self.sglang_urls:
+      raise ValueError("--sglang_urls is only used with --rollout=sglang.")
+    if self.num_servers < 1 or self.max_running_requests < 1 or self.max_new_tokens < 1:
+      raise ValueError("num_servers, max_running_requests and max_new_tokens must be >= 1.")
+    if self.pause_mode is PauseMode.RETRACT and self.backend is RolloutBackend.EMBEDDED:
+      pass  # supported by our engine too
+
+  @property
+  def server_count(self) -> int:
+    return len(self.sglang_urls) if self.backend is RolloutBackend.SGLANG else self.num_servers
+
+
+@dataclasses.dataclass(frozen=True)
+class ResourceConfig:
+  """How the machine's devices are split between rollout servers and the trainer.
+
+  On CPU a "device" is a core: async mode pins rollout servers and the trainer to disjoint cores
+  (`rollout_devices` + `train_devices` must fit the machine); sync mode time-shares all of them,
+  which is the same total budget. On GPU/TPU the launcher sets the visible-device variables.
+  """
+
+  rollout_devices: int = 1
+  train_devices: int = 1
+  platform: str = "cpu"
+
+  def __post_init__(self):
+    if self.rollout_devices < 1 or self.train_devices < 1:
+      raise ValueError("rollout_devices and train_devices must be >= 1.")
+    if self.platform not in ("cpu", "gpu", "tpu"):
+      raise ValueError(f"platform must be cpu, gpu or tpu, got {self.platform!r}.")
+
+  def cpu_split(self, available: list[int]) -> tuple[list[int], list[int]]:
+    """(rollout cores, trainer cores); overlapping only when the machine is too small."""
+    need = self.rollout_devices + self.train_devices
+    if need <= len(available):
+      return available[:self.rollout_devices], available[self.rollout_devices:need]
+    if self.rollout_devices > len(available) or self.train_devices > len(available):
+      raise ValueError(f"resource split {self.rollout_devices}+{self.train_devices} needs more "
+                       f"than the {len(available)} cores available.")
+    return available[:self.rollout_devices], available[-self.train_devices:]
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+  """Where prompts come from, and how responses are rewarded."""
+
+  synthetic: envs.SyntheticConfig | None = None
+  dataset_path: str | None = None
+  reward: envs.RewardKind = envs.RewardKind.EXACT_MATCH
+  seed: int = 0
+
+  def __post_init__(self):
+    object.__setattr__(self, "reward", _enum(envs.RewardKind, self.reward))
+    if (self.synthetic is None) == (self.dataset_path is None):
+      raise ValueError("TaskConfig needs exactly one of `synthetic` or `dataset_path`.")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """One RL run. α (`async_ratio`) bounds staleness per sample: t - v <= α."""
+
+  model_path: str
+  workdir: str
+  task: TaskConfig
+  train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+  rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+  resources: ResourceConfig = dataclasses.field(default_factory=ResourceConfig)
+  mode: Mode = Mode.ASYNC
+  async_ratio: int = 2
+  steps: int = 20
+  batch_size: int = 8  # B: prompt groups per training step
+  group_size: int = 4  # n: responses per prompt (prompt replication)
+  dynamic_filter: bool = False  # drop groups whose rewards are all equal, over-sample to refill
+  mesh: str = "data:1,fsdp:1,tensor:1"
+  seed: int = 0
+  checkpoint_every: int = 0  # steps; 0 = only at the end
+  keep_checkpoints: int = 2
+  keep_versions: int = 4
+  plot: bool = True
+
+  def __post_init__(self):
+    object.__setattr__(self, "mode", _enum(Mode, self.mode))
+    if self.steps < 1 or self.batch_size < 1 or self.group_size < 1:
+      raise ValueError("steps, batch_size and group_size must be >= 1.")
+    if self.async_ratio < 0:
+      raise ValueError(f"async_ratio must be >= 0, got {self.async_ratio}.")
+    if self.mode is Mode.SYNC and self.async_ratio != 0:
+      raise ValueError(f"--mode=sync is strictly on-policy; --async_ratio={self.async_ratio} "
+                       "contradicts it (use --mode=async, or --async_ratio=0).")
+    if abs(self.train.temperature - self.rollout.temperature) > 1e-9:
+      raise ValueError(f"trainer temperature {self.train.temperature} != rollout temperature "
+                       f"{self.rollout.temperature}: behaviour log-probs would not be comparable.")
+    if not self.model_path:
+      raise ValueError("model_path is required (an HF directory).")
+
+  @property
+  def samples_per_step(self) -> int:
+    return self.batch_size * self.group_size
+
+  def replace(self, **changes) -> "RunConfig":
+    return dataclasses.replace(self, **changes)
+
+  def resolved_workdir(self) -> str:
+    return os.path.abspath(self.workdir)

@@ -1,0 +1,69 @@
+"""The per-sample rollout lifecycle: n independent requests per prompt, each scored on completion.
+
+Prompt replication: a prompt's `n` responses are `n` separate requests, which the client spreads
+over servers least-loaded first. Queue scheduling: each finished response is rewarded immediately
+(rewards overlap generation) rather than after the whole batch. The synchronous baseline uses the
+same code with scoring deferred until every response of the batch is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+from flashrl_jax import envs
+from flashrl_jax.controller._samples import Group, Response
+from flashrl_jax.rollout._client import GenerationResult, RolloutClient
+from flashrl_jax.rollout._protocol import SamplingParams
+
+
+def _version(v: str, fallback: int) -> int:
+  try:
+    return int(v)
+  except (TypeError, ValueError):
+    return fallback
+
+
+class GroupRunner:
+
+  def __init__(self, client: RolloutClient, reward_fn: envs.AsyncRewardFn, tokenizer,
+               sampling: SamplingParams, group_size: int, published_version: Callable[[], int]):
+    self.client, self.reward_fn, self.tokenizer = client, reward_fn, tokenizer
+    self.sampling, self.group_size = sampling, group_size
+    self.published_version = published_version
+
+  def new_group(self, index: int, sample: envs.Sample) -> Group:
+    return Group(prompt_index=index, sample=sample, prompt_ids=self.tokenizer.encode(sample.prompt),
+                 n=self.group_size, dispatched_version=self.published_version())
+
+  async def run(self, group: Group, *, score: bool = True) -> Group:
+    """Generates (and, with `score`, rewards) every response of `group`."""
+    await asyncio.gather(*(self._one(group, j, score) for j in range(group.n)))
+    return group
+
+  async def score(self, group: Group) -> Group:
+    await asyncio.gather(*(self._reward(group, r) for r in group.responses))
+    return group
+
+  async def _one(self, group: Group, replica: int, score: bool) -> None:
+    dispatched = self.published_version()
+    start = time.perf_counter()
+    sample_id = group.prompt_index * self.group_size + replica
+    result: GenerationResult = await self.client.generate(
+        group.prompt_ids, self.sampling, rid=f"p{group.prompt_index}-r{replica}-{id(group):x}")
+    versions = [_version(v, dispatched) for v in result.token_versions]
+    response = Response(
+        sample_id=str(sample_id), output_ids=list(result.output_ids),
+        behavior_logp=list(result.output_logprobs), token_versions=versions,
+        start_version=min([dispatched] + versions[:1]),
+        finish_reason=result.finish_reason.value if result.finish_reason else "unknown",
+        generate_s=time.perf_counter() - start)
+    if score:
+      await self._reward(group, response)
+    group.responses.append(response)
+
+  async def _reward(self, group: Group, response: Response) -> None:
+    text = self.tokenizer.decode(response.output_ids)
+    result = await self.reward_fn(group.sample.prompt, text, group.sample)
+    response.reward, response.reward_info = float(result.reward), dict(result.info)

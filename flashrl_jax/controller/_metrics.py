@@ -1,0 +1,96 @@
+"""Run observability: one JSON object per training step in `metrics.jsonl`, plus TensorBoard.
+
+The JSONL file is the source of truth that plots, the simulator's calibration and the experiment
+tables read; TensorBoard (and Weights & Biases, when installed and asked for) mirror its scalars.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from flashrl_jax.controller._samples import Group
+
+
+def step_sample_metrics(groups: list[Group], trainer_version: int) -> dict[str, Any]:
+  """Staleness, reward and length statistics of the groups consumed by one training step."""
+  responses = [r for g in groups for r in g.responses]
+  staleness = [trainer_version - r.start_version for r in responses]
+  hist = collections.Counter(staleness)
+  lengths = [len(r.output_ids) for r in responses]
+  rewards = [r.reward for r in responses]
+  return {
+      "staleness_max": max(staleness) if staleness else 0,
+      "staleness_mean": float(np.mean(staleness)) if staleness else 0.0,
+      "staleness_hist": {str(k): hist[k] for k in sorted(hist)},
+      "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
+      "accuracy": float(np.mean([r > 0 for r in rewards])) if rewards else 0.0,
+      "response_length_mean": float(np.mean(lengths)) if lengths else 0.0,
+      "response_length_max": max(lengths) if lengths else 0,
+      "num_samples": len(responses),
+      "num_groups": len(groups),
+      "aborted_continuations": sum(len(set(r.token_versions)) > 1 for r in responses),
+  }
+
+
+def _jsonable(value):
+  if isinstance(value, dict):
+    return {str(k): _jsonable(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_jsonable(v) for v in value]
+  if isinstance(value, (np.floating, np.integer)):
+    value = value.item()
+  if isinstance(value, float) and not math.isfinite(value):
+    return str(value)
+  return value
+
+
+class MetricsLogger:
+  """Appends step records to `<workdir>/metrics.jsonl` and mirrors scalars to TensorBoard."""
+
+  def __init__(self, workdir: str, *, tensorboard: bool = True, wandb_project: str | None = None):
+    os.makedirs(workdir, exist_ok=True)
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self._file = open(self.path, "a")
+    self._tb = None
+    if tensorboard:
+      from tensorboardX import SummaryWriter
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    self._wandb = None
+    if wandb_project:
+      try:
+        import wandb  # optional
+        self._wandb = wandb.init(project=wandb_project, dir=workdir)
+      except ImportError:
+        pass
+
+  def log(self, record: dict[str, Any]) -> None:
+    record = _jsonable(record)
+    self._file.write(json.dumps(record, sort_keys=True) + "\n")
+    self._file.flush()
+    step = int(record["step"])
+    scalars = {k: v for k, v in record.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if self._tb is not None:
+      for key, value in scalars.items():
+        self._tb.add_scalar(key, value, step)
+    if self._wandb is not None:
+      self._wandb.log(scalars, step=step)
+
+  def close(self) -> None:
+    self._file.close()
+    if self._tb is not None:
+      self._tb.close()
+
+
+def read_metrics(workdir_or_file: str) -> list[dict[str, Any]]:
+  path = workdir_or_file
+  if os.path.isdir(path):
+    path = os.path.join(path, "metrics.jsonl")
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,192 @@
+"""`run(config)`: wires servers, trainer, checkpoints, client and a loop into one RL run.
+
+Process layout ("slices"): rollout servers are separate OS processes (our JAX engine started locally,
+or external SGLang servers); the trainer runs in this process. Async mode pins the servers and the
+trainer to disjoint cores (the resource split is a flag); sync mode lets them time-share all cores,
+which is the same budget. A restart with the same command resumes from the latest checkpoint: policy
+version, data position and counters come back, prompts that were in flight are re-issued, and
+metrics of steps after the checkpoint are rolled back so nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import json
+import logging
+import os
+import time
+from typing import Any, Callable
+
+from flashrl_jax import envs
+from flashrl_jax.controller._config import Mode, RolloutBackend, RunConfig
+from flashrl_jax.controller._group_runner import GroupRunner
+from flashrl_jax.controller._loops import LoopContext, run_async, run_sync
+from flashrl_jax.controller._metrics import MetricsLogger, read_metrics
+from flashrl_jax.controller._source import PromptSource
+from flashrl_jax.model import load_tokenizer, read_config
+from flashrl_jax.rollout._client import RolloutClient
+from flashrl_jax.rollout._local import LocalServers, split_cpus
+from flashrl_jax.rollout._protocol import SamplingParams
+from flashrl_jax.trainer import MeshConfig, Trainer, abstract_train_state, make_mesh
+from flashrl_jax.trainer._checkpoint import CheckpointConfig, Checkpointer
+from flashrl_jax.trainer._export import VersionStore, export_version
+
+log = logging.getLogger(__name__)
+
+
+def config_to_json(config: Any) -> Any:
+  if dataclasses.is_dataclass(config):
+    return {f.name: config_to_json(getattr(config, f.name)) for f in dataclasses.fields(config)}
+  if isinstance(config, enum.Enum):
+    return config.value
+  if isinstance(config, (list, tuple)):
+    return [config_to_json(v) for v in config]
+  return config
+
+
+def _prompt_source(config: RunConfig) -> PromptSource:
+  task = config.task
+  if task.synthetic is not None:
+    return PromptSource(synthetic=task.synthetic, seed=task.seed)
+  loaded = envs.load_dataset(task.dataset_path)
+  for error in loaded.errors:
+    log.error("dataset %s row %d skipped: %s", task.dataset_path, error.row, error.message)
+  return PromptSource(samples=list(loaded.samples), seed=task.seed)
+
+
+def _truncate_metrics(path: str, last_step: int) -> None:
+  """Drops records of steps after the restored checkpoint (they are about to be redone)."""
+  if not os.path.exists(path):
+    return
+  kept = [r for r in read_metrics(path) if int(r["step"]) <= last_step]
+  with open(path, "w") as f:
+    for record in kept:
+      f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+@dataclasses.dataclass
+class RunSummary:
+  steps: int
+  samples_trained: int
+  wall_s: float
+  samples_per_s: float
+  final_policy_version: int
+  counters: dict[str, int]
+  workdir: str
+
+
+def _start_servers(config: RunConfig, cores: list[int], log_dir: str) -> LocalServers:
+  r = config.rollout
+  per_server = split_cpus(r.num_servers, cores) if config.resources.platform == "cpu" else None
+  gpu_ids = list(range(r.num_servers)) if config.resources.platform == "gpu" else None
+  tpu_ids = list(range(r.num_servers)) if config.resources.platform == "tpu" else None
+  max_len = config.train.batch.max_response_length + config.train.batch.row_length
+  extra = (f"--max_running_requests={r.max_running_requests}", f"--max_context={max_len}")
+  return LocalServers.start(config.model_path, r.num_servers, cpu_sets=per_server, gpu_ids=gpu_ids,
+                            tpu_ids=tpu_ids, extra_args=extra, log_dir=log_dir)
+
+
+def run(config: RunConfig, *, on_step: Callable[[dict], None] | None = None) -> RunSummary:
+  workdir = config.resolved_workdir()
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(config_to_json(config), f, indent=1)
+  tokenizer = load_tokenizer(config.model_path)
+  model_config = read_config(config.model_path)
+
+  cores = sorted(os.sched_getaffinity(0))
+  if config.mode is Mode.ASYNC:
+    rollout_cores, train_cores = config.resources.cpu_split(cores)
+  else:
+    rollout_cores = train_cores = cores
+  servers = None
+  if config.rollout.backend is RolloutBackend.EMBEDDED:
+    servers = _start_servers(config, rollout_cores, os.path.join(workdir, "server_logs"))
+    urls = servers.urls
+  else:
+    urls = list(config.rollout.sglang_urls)
+  try:
+    if config.resources.platform == "cpu":
+      os.sched_setaffinity(0, train_cores)  # before JAX starts its thread pool
+    return _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step)
+  finally:
+    if servers is not None:
+      servers.stop()
+
+
+def _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step) -> RunSummary:
+  mesh = make_mesh(MeshConfig.parse(config.mesh))
+  trainer = Trainer(model_config, config.train, mesh, seed=config.seed,
+                    init_params=config.model_path)
+  source = _prompt_source(config)
+  checkpointer = Checkpointer(CheckpointConfig(directory=os.path.join(workdir, "checkpoints"),
+                                               max_to_keep=config.keep_checkpoints))
+  counters_restored: dict[str, int] = {}
+  start_step = 0
+  restored = checkpointer.restore_latest(abstract_train_state(trainer))
+  if restored is not None:
+    state, extra = restored
+    trainer.set_state(state)
+    source.restore(extra["source"])
+    counters_restored = dict(extra.get("counters", {}))
+    start_step = int(extra["step"])
+    log.info("resumed from step %d (policy version %d)", start_step, trainer.policy_version)
+  logger_path = os.path.join(workdir, "metrics.jsonl")
+  _truncate_metrics(logger_path, start_step)
+  logger = MetricsLogger(workdir)
+  store = VersionStore(os.path.join(workdir, "versions"))
+  eos = tuple(i for i in ([tokenizer.eos_token_id] + list(model_config.eos_token_ids))
+              if i is not None)
+  r = config.rollout
+  sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                            top_p=r.top_p, stop_token_ids=tuple(sorted(set(eos))))
+  reward_fn = envs.make_reward_fn(envs.RewardConfig(kind=config.task.reward))
+
+  def save_checkpoint(step: int, pending: list[int]) -> dict[str, float]:
+    due = step == config.steps or (config.checkpoint_every and step % config.checkpoint_every == 0)
+    if not due:
+      return {}
+    t0 = time.perf_counter()
+    checkpointer.save(step, trainer.state, {
+        "step": step, "source": source.state(in_flight=pending), "counters": ctx.counters,
+        "policy_version": trainer.policy_version})
+    return {"time/checkpoint_s": time.perf_counter() - t0}
+
+  async def main() -> None:
+    nonlocal ctx
+    async with RolloutClient(urls, request_timeout_s=r.request_timeout_s,
+                             max_retries=r.max_retries, vocab_size=model_config.vocab_size) as client:
+      await client.wait_healthy(timeout_s=300)
+      # Servers start from whatever they loaded; make them serve exactly the trainer's version.
+      path = await asyncio.to_thread(export_version, trainer.model(), trainer.policy_version,
+                                     store.root, config=model_config, step=trainer.step)
+      await client.update_weights_from_disk(path, str(trainer.policy_version))
+      runner = GroupRunner(client, reward_fn, tokenizer, sampling, config.group_size,
+                           lambda: ctx.published_version)
+      ctx = LoopContext(config=config, trainer=trainer, client=client, runner=runner,
+                        source=source, store=store, logger=logger,
+                        save_checkpoint=save_checkpoint, on_step=on_step or (lambda rec: None),
+                        start_step=start_step, published_version=trainer.policy_version)
+      ctx.counters.update(counters_restored)
+      loop = run_async if config.mode is Mode.ASYNC else run_sync
+      await loop(ctx)
+
+  ctx: LoopContext | None = None
+  start = time.perf_counter()
+  try:
+    asyncio.run(main())
+  finally:
+    checkpointer.wait()
+    checkpointer.close()
+    logger.close()
+  wall = time.perf_counter() - start
+  trained = ctx.counters["samples_trained"] - counters_restored.get("samples_trained", 0)
+  summary = RunSummary(steps=config.steps, samples_trained=ctx.counters["samples_trained"],
+                       wall_s=wall, samples_per_s=trained / max(wall, 1e-9),
+                       final_policy_version=trainer.policy_version, counters=dict(ctx.counters),
+                       workdir=workdir)
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump(dataclasses.asdict(summary), f, indent=1)
+  return summary
