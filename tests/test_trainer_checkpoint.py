@@ -109,7 +109,8 @@ def _assert_is_state(restored, step: int) -> None:
   np.testing.assert_array_equal(restored["params"]["layers"][0], want["params"]["layers"][0])
   assert int(restored["step"]) == step and int(restored["version"]) == 10 * step
   assert jax.dtypes.issubdtype(restored["rng"].dtype, jax.dtypes.prng_key)
-  np.testing.assert_array_equal(jax.random.key_data(restored["rng"]), jax.random.key_data(want["rng"]))
+  np.testing.assert_array_equal(jax.random.key_data(restored["rng"]),
+                                jax.random.key_data(want["rng"]))
 
 
 def _save_steps(directory, steps, **config) -> None:
@@ -187,6 +188,20 @@ def test_keep_last_n(tmp_path):
   state, extra = ckpt.restore_latest(_abstract())
   _assert_is_state(state, 5)
   assert extra == {"cursor": 5}
+
+
+def test_async_save_snapshots_before_the_state_is_donated(tmp_path):
+  state = {"w": jnp.arange(4096.0), "step": jnp.int32(1)}
+  abstract = jax.eval_shape(lambda: state)
+  ckpt = Checkpointer(CheckpointConfig(str(tmp_path), async_save=True))
+  ckpt.save(1, state)
+  bump = jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s), donate_argnums=0)
+  state = bump(state)  # May overwrite the saved buffers while the write is in flight.
+  ckpt.wait()
+  restored, extra = ckpt.restore(1, abstract)
+  np.testing.assert_array_equal(restored["w"], np.arange(4096.0))
+  assert int(restored["step"]) == 1 and extra == {}
+  ckpt.close()
 
 
 def test_extra_json_round_trips_and_is_validated_at_save(tmp_path):

@@ -76,7 +76,8 @@ def test_export_of_a_train_state_in_bfloat16(tmp_path):
   assert verify_version(path)["step"] is None
   loaded = nnx.state(load_hf(path), nnx.Param)
   for got, want in zip(jax.tree.leaves(loaded), jax.tree.leaves(params)):
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want.astype(jnp.bfloat16), np.float32))
+    np.testing.assert_array_equal(np.asarray(got),
+                                  np.asarray(want.astype(jnp.bfloat16), np.float32))
 
 
 def test_existing_version_is_never_overwritten(tmp_path, model):

@@ -149,7 +149,8 @@ class Checkpointer:
     extra_json = {} if extra_json is None else extra_json
     json.dumps(extra_json)  # Fail here, not in the background thread, on a non-JSON value.
     paths, leaves, _ = _flatten(train_state)
-    impls = {_name(p): str(jax.random.key_impl(x)) for p, x in zip(paths, leaves) if _is_prng_key(x)}
+    impls = {_name(p): str(jax.random.key_impl(x))
+             for p, x in zip(paths, leaves) if _is_prng_key(x)}
     meta = {"format": _FORMAT, "step": int(step), "rng_impls": impls,
             "leaves": {_name(p): _leaf_meta(x) for p, x in zip(paths, leaves)}}
     arrays = [jax.random.key_data(x) if _is_prng_key(x) else x for x in leaves]
@@ -171,7 +172,8 @@ class Checkpointer:
         corruption, so nothing is moved aside).
     """
     step_dir = self.step_dir(step)
-    missing = [f for f in (_COMMIT_MARKER, *_ITEMS) if not os.path.exists(os.path.join(step_dir, f))]
+    missing = [f for f in (_COMMIT_MARKER, *_ITEMS)
+               if not os.path.exists(os.path.join(step_dir, f))]
     if missing:
       raise CorruptCheckpointError(f"Checkpoint {step_dir} is partial: {missing} missing "
                                    f"({_COMMIT_MARKER} is orbax's commit marker).")
@@ -208,13 +210,18 @@ class Checkpointer:
     steps = self.all_steps()
     for step in reversed(steps):
       try:
-        return self.restore(step, abstract_state)
+        result, error = self.restore(step, abstract_state), None
       except CorruptCheckpointError as e:
-        moved_to = self._quarantine(step)
-        _log.error("%s Moved it to %s; falling back to the previous checkpoint.", e, moved_to)
+        result, error = None, e
+      if _all_processes_ok(error is None):  # One process's bad shard fails the step everywhere.
+        return result
+      moved_to = self._quarantine(step)
+      _log.error("%s Moved it to %s; falling back to the previous checkpoint.",
+                 error or f"Checkpoint {self.step_dir(step)} is unreadable on another process.",
+                 moved_to)
     if steps:
-      raise CorruptCheckpointError(f"No readable checkpoint in {self.directory}: steps {steps} were "
-                                   f"all corrupt and moved to {QUARANTINE_DIR}/.")
+      raise CorruptCheckpointError(f"No readable checkpoint in {self.directory}: steps {steps} "
+                                   f"were all corrupt and moved to {QUARANTINE_DIR}/.")
     return None
 
   def _quarantine(self, step: int) -> str:
@@ -237,6 +244,12 @@ class Checkpointer:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+def _all_processes_ok(ok: bool) -> bool:
+  if jax.process_count() == 1:
+    return ok
+  return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
 
 
 def _abstract(leaf) -> jax.ShapeDtypeStruct:

@@ -139,8 +139,8 @@ def export_version(state_or_model: Any, version: int, root_dir: str, *, config: 
   final = os.path.join(root_dir, version_dirname(version))
   error = None
   if jax.process_index() == 0:
-    os.makedirs(root_dir, exist_ok=True)
     try:
+      os.makedirs(root_dir, exist_ok=True)
       final = _write_version(config, tensors, version, step, root_dir)
     except Exception as e:  # pylint: disable=broad-except
       error = e
@@ -256,16 +256,16 @@ class VersionStore:
     """Deletes versions older than the newest `keep_last` that nobody holds; returns them."""
     if keep_last < 1:
       raise ValueError(f"keep_last must be >= 1, got {keep_last}.")
-    deleted = []
-    with self._lock:
+    deleted, trash = [], []
+    with self._lock:  # Unlist under the lock (acquire checks the listing); remove after it.
       for version in self.versions()[:-keep_last]:
-        if self._refs[version]:
-          continue
-        trash = os.path.join(self.root_dir, f"{_TRASH}{uuid.uuid4().hex[:8]}-"
-                                            f"{version_dirname(version)}")
-        os.rename(self.path(version), trash)  # Unlisted at once; removed below.
-        shutil.rmtree(trash, ignore_errors=True)
-        deleted.append(version)
+        if not self._refs[version]:
+          trash.append(os.path.join(self.root_dir, f"{_TRASH}{uuid.uuid4().hex[:8]}-"
+                                                   f"{version_dirname(version)}"))
+          os.rename(self.path(version), trash[-1])
+          deleted.append(version)
+    for path in trash:
+      shutil.rmtree(path, ignore_errors=True)
     return deleted
 
   def clean_stale(self) -> list[str]:
