@@ -57,7 +57,11 @@ def micro_batch_loss(params: nnx.State, graphdef: nnx.GraphDef, config: TrainCon
 
 
 def micro_batch_weights(loss_mask: jax.Array, aggregation: Aggregation) -> jax.Array:
-  """`[M]` weights summing to 1 (0 for empty micro-batches) from a minibatch's `[M, S, L]` mask."""
+  """`[M]` weights summing to 1 (0 for empty micro-batches) from a minibatch's `[M, S, L]` mask.
+
+  Each is the micro-batch's share of the aggregation's denominator: tokens for token-mean,
+  non-empty sequences for the sequence-mean modes.
+  """
   if aggregation is Aggregation.TOKEN_MEAN:
     counts = loss_mask.sum((1, 2))
   else:
@@ -66,21 +70,34 @@ def micro_batch_weights(loss_mask: jax.Array, aggregation: Aggregation) -> jax.A
   return counts / jnp.maximum(counts.sum(), 1.0)
 
 
-def combine_metrics(metrics: dict[str, jax.Array], weights: jax.Array) -> dict[str, jax.Array]:
-  """Per-micro-batch metrics `[M]` -> minibatch scalars: counts add, extremes reduce, means weigh."""
+_COUNTS = ("nonfinite_tokens", "tokens")
+
+
+def combine_metrics(metrics: dict[str, jax.Array], loss_mask: jax.Array,
+                    aggregation: Aggregation) -> dict[str, jax.Array]:
+  """Per-micro-batch metrics `[M]` -> minibatch scalars, as if computed on the whole minibatch.
+
+  Counts add, extremes reduce over non-empty micro-batches, aggregated loss terms weigh by the
+  aggregation's shares, `seq_*` means by sequence shares and every other (token) mean by token shares.
+  """
+  by_tokens = micro_batch_weights(loss_mask, Aggregation.TOKEN_MEAN)
+  by_rows = micro_batch_weights(loss_mask, Aggregation.SEQ_MEAN_TOKEN_MEAN)
+  by_loss = micro_batch_weights(loss_mask, aggregation)
+  nonempty = by_tokens > 0
   out = {}
   for key, value in metrics.items():
-    nonempty = weights > 0
-    if key == "nonfinite_tokens":
+    if key in _COUNTS:
       out[key] = value.sum()
-    elif key.endswith("_max"):
-      out[key] = jnp.where(nonempty, value, -jnp.inf).max(initial=-jnp.inf)
-      out[key] = jnp.where(nonempty.any(), out[key], 0.0)
-    elif key.endswith("_min"):
-      out[key] = jnp.where(nonempty, value, jnp.inf).min(initial=jnp.inf)
-      out[key] = jnp.where(nonempty.any(), out[key], 0.0)
+    elif key.endswith(("_max", "_min")):
+      sign = 1.0 if key.endswith("_max") else -1.0
+      extreme = sign * jnp.where(nonempty, sign * value, -jnp.inf).max()
+      out[key] = jnp.where(nonempty.any(), extreme, 0.0)
+    elif key.endswith("loss"):
+      out[key] = (by_loss * value).sum()
+    elif key.startswith("seq_"):
+      out[key] = (by_rows * value).sum()
     else:
-      out[key] = (weights * value).sum()
+      out[key] = (by_tokens * value).sum()
   return out
 
 
@@ -105,4 +122,5 @@ def minibatch_gradients(params: nnx.State, graphdef: nnx.GraphDef, config: Train
 
   grads, (losses, metrics) = jax.lax.scan(body, zeros, (minibatch, inputs, weights))
   grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
-  return losses.sum(), grads, combine_metrics(metrics, weights)
+  return losses.sum(), grads, combine_metrics(metrics, minibatch.loss_mask,
+                                              config.loss.aggregation)

@@ -1,0 +1,200 @@
+"""Packing, gradient accumulation, compile counts and the non-finite guard (single device).
+
+The reference for packing is deliberately naive: each trajectory run alone through the full-logits
+forward, log-softmax at the temperature, the response tokens' log-probs gathered by hand, and the
+loss applied to a padded `[B, L]` batch. The packed path shares none of that code past the model.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from flashrl_jax import losses
+from flashrl_jax.losses import LossConfig
+from flashrl_jax.testing import tiny_config
+from flashrl_jax.trainer import (BatchConfig, LossInputs, OptimizerConfig, TrainConfig, Trainer,
+                                 compute_advantages, create_train_state, make_mesh,
+                                 minibatch_gradients, pack, random_trajectories)
+
+MODEL = tiny_config()
+
+
+def trajectories(seed=0, n=7, response=(1, 12)):
+  return random_trajectories(np.random.default_rng(seed), n, vocab_size=MODEL.vocab_size,
+                             prompt_lengths=(1, 9), response_lengths=response, group_size=3)
+
+
+@pytest.fixture(scope="module")
+def model_state():
+  config = TrainConfig()
+  graphdef, state = create_train_state(MODEL, config, make_mesh(""), seed=3)
+  return graphdef, state.params
+
+
+def packed_loss_and_grads(graphdef, params, config, batch):
+  """Loss and gradient of minibatch 0 of a host batch, as the RL step computes them."""
+  batch = jax.tree.map(jnp.asarray, batch)
+
+  @jax.jit
+  def run(params, batch):
+    advantages = compute_advantages(config, batch)
+    take = lambda x: x[0]
+    return minibatch_gradients(params, graphdef, config, jax.tree.map(take, batch),
+                               LossInputs(advantages[0]))
+
+  loss, grads, metrics = run(params, batch)
+  return float(loss), grads, metrics
+
+
+def assert_trees_close(a, b, rtol=2e-5, atol=1e-7):
+  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=rtol, atol=atol),
+               jax.tree.map(np.asarray, a), jax.tree.map(np.asarray, b))
+
+
+def test_pack_layout():
+  trajs = trajectories(n=9)
+  config = BatchConfig(row_length=24, rows=2, sequences=3, max_response_length=12)
+  batch = pack(trajs, config, num_minibatches=2)
+  k, m = batch.input_ids.shape[:2]
+  assert k == 2 and m & (m - 1) == 0  # a power of two
+  seen = set()
+  for ki in range(k):
+    for mi in range(m):
+      flat_ids = batch.input_ids[ki, mi].reshape(-1)
+      flat_targets = batch.targets[ki, mi].reshape(-1)
+      flat_seg = batch.segment_ids[ki, mi].reshape(-1)
+      for slot in np.flatnonzero(batch.sample_mask[ki, mi]):
+        reward, group = batch.rewards[ki, mi, slot], batch.group_ids[ki, mi, slot]
+        match = [t for t in trajs if t.group_id == group and t.reward == reward
+                 and len(t.response_ids) == batch.loss_mask[ki, mi, slot].sum()
+                 and t.sample_id not in seen]
+        tr = next(t for t in match if np.array_equal(
+            flat_targets[batch.token_index[ki, mi, slot, :len(t.response_ids)]], t.response_ids))
+        seen.add(tr.sample_id)
+        r = len(tr.response_ids)
+        index = batch.token_index[ki, mi, slot, :r]
+        # The position before each response token predicts it; all inside this slot's segment.
+        np.testing.assert_array_equal(flat_ids[index + 1], tr.response_ids)
+        assert (flat_seg[index] == slot + 1).all()
+        np.testing.assert_array_equal(batch.behavior_logp[ki, mi, slot, :r], tr.behavior_logp)
+        start = index[0] - len(tr.prompt_ids) + 1
+        np.testing.assert_array_equal(flat_ids[start:start + len(tr.prompt_ids)], tr.prompt_ids)
+        assert batch.positions[ki, mi].reshape(-1)[start] == 0
+  assert seen == {t.sample_id for t in trajs}
+  # Padding slots are groups of one (advantage 0) with unique negative ids.
+  pad = batch.group_ids[~batch.sample_mask]
+  assert (pad < 0).all() and len(set(pad.tolist())) == pad.size
+
+
+def test_pack_errors():
+  config = BatchConfig(row_length=16, rows=2, sequences=4, max_response_length=8)
+  long = trajectories(n=1, response=(9, 9))
+  with pytest.raises(ValueError, match="max_response_length=8"):
+    pack(long, config)
+  with pytest.raises(ValueError, match="cannot fill 3 minibatches"):
+    pack(trajectories(n=2), config, num_minibatches=3)
+
+
+def naive_loss(graphdef, params, config, trajs):
+  """Each trajectory alone, full logits, hand-gathered log-probs, padded [B, L] loss."""
+  model = nnx.merge(graphdef, params)
+  width = max(len(t.response_ids) for t in trajs)
+  logps, masks, behavior = [], [], []
+  for t in trajs:
+    ids = jnp.asarray(np.concatenate([t.prompt_ids, t.response_ids]), jnp.int32)[None]
+    log_probs = jax.nn.log_softmax(model(ids)[0] / config.temperature)
+    p, r = len(t.prompt_ids), len(t.response_ids)
+    logp = log_probs[p - 1:p + r - 1][jnp.arange(r), jnp.asarray(t.response_ids)]
+    logps.append(jnp.pad(logp, (0, width - r)))
+    masks.append(np.arange(width) < r)
+    behavior.append(np.pad(t.behavior_logp, (0, width - r)))
+  rewards = np.array([t.reward for t in trajs], np.float32)
+  groups = np.array([t.group_id for t in trajs])
+  advantages = losses.grpo_advantages(rewards, groups)
+  return losses.compute_policy_loss(config.loss, logp=jnp.stack(logps),
+                                    behavior_logp=np.stack(behavior), advantages=advantages,
+                                    mask=np.stack(masks))[0]
+
+
+def test_packed_equals_unpacked(model_state):
+  graphdef, params = model_state
+  config = TrainConfig(temperature=0.8, batch=BatchConfig(row_length=40, rows=2, sequences=8,
+                                                          max_response_length=12))
+  trajs = trajectories(seed=5)
+  batch = pack(trajs, config.batch)
+  assert (batch.segment_ids[0, 0] != 0).sum(-1).max() > 20  # several sequences share a row
+  loss, grads, _ = packed_loss_and_grads(graphdef, params, config, batch)
+  ref_loss, ref_grads = jax.value_and_grad(
+      lambda p: naive_loss(graphdef, p, config, trajs))(params)
+  np.testing.assert_allclose(loss, float(ref_loss), rtol=1e-5)
+  assert_trees_close(grads, ref_grads, rtol=1e-4, atol=1e-7)
+
+
+def test_gradient_accumulation_equals_full_batch(model_state):
+  graphdef, params = model_state
+  loss_config = LossConfig(aggregation="seq-mean-token-mean", sequence_ratio=True)
+  trajs = trajectories(seed=6)
+  big = TrainConfig(loss=loss_config, batch=BatchConfig(row_length=24, rows=8, sequences=8,
+                                                        max_response_length=12))
+  small = big.replace(batch=BatchConfig(row_length=24, rows=1, sequences=2,
+                                        max_response_length=12))
+  full = pack(trajs, big.batch)
+  split = pack(trajs, small.batch, min_micro_batches=8)
+  assert full.micro_batches == 1 and split.micro_batches == 8
+  assert not split.sample_mask[0, -1].any()  # an empty micro-batch is in there too
+  loss, grads, metrics = packed_loss_and_grads(graphdef, params, big, full)
+  acc_loss, acc_grads, acc_metrics = packed_loss_and_grads(graphdef, params, small, split)
+  np.testing.assert_allclose(acc_loss, loss, rtol=1e-5)
+  assert_trees_close(acc_grads, grads, rtol=1e-4, atol=1e-7)
+  for key in ("loss", "pg_loss", "ratio_mean", "ratio_max", "ratio_min", "clip_frac", "tokens",
+              "seq_ratio_mean", "seq_ratio_max"):
+    np.testing.assert_allclose(acc_metrics[key], metrics[key], rtol=1e-5, atol=1e-7)
+
+
+@pytest.fixture(scope="module")
+def trainer():
+  config = TrainConfig(loss=LossConfig(name="ppo"), num_minibatches=2,
+                       optimizer=OptimizerConfig(learning_rate=1e-3),
+                       batch=BatchConfig(row_length=48, rows=4, sequences=4,
+                                         max_response_length=16))
+  return Trainer(MODEL, config, make_mesh(""), seed=1)
+
+
+def test_no_recompilation_across_lengths(trainer):
+  rng = np.random.default_rng(0)
+  for response in [(1, 4), (8, 16), (3, 9)]:  # different lengths, all one micro-batch
+    trajs = random_trajectories(rng, 6, vocab_size=96, prompt_lengths=(2, 6),
+                                response_lengths=response)
+    metrics = trainer.update(trajs)
+    assert metrics["micro_batches"] == 1
+  assert trainer.compilations() == 1
+  more = random_trajectories(rng, 14, vocab_size=96, prompt_lengths=(2, 6),
+                             response_lengths=(4, 16))
+  assert trainer.update(more)["micro_batches"] == 2
+  assert trainer.update(more[:5])["micro_batches"] == 1
+  assert trainer.compilations() == 2
+  assert trainer.policy_version == 5
+
+
+def test_non_finite_gradients_are_skipped_and_counted(trainer):
+  params = trainer.state.params
+  # A NaN in one embedding row that the batch uses: every gradient becomes NaN.
+  poisoned = jax.tree.map(lambda x: x, params)
+  poisoned["embed"].set_value(params["embed"].get_value().at[5].set(jnp.nan))
+  trainer.set_state(trainer.state.replace(params=poisoned))
+  before = jax.tree.map(np.asarray, trainer.state.params)
+  trajs = trajectories(seed=9, n=6)
+  for i in (0, -1):  # token 5 in both minibatches
+    trajs[i] = dataclasses.replace(trajs[i], prompt_ids=np.array([5, 5, 7]))
+  total = int(trainer.state.skipped_updates)  # read before the donating step
+  metrics = trainer.update(trajs)
+  assert metrics["skipped_updates"] == trainer.config.updates_per_step
+  assert int(trainer.state.skipped_updates) == total + trainer.config.updates_per_step
+  after = jax.tree.map(np.asarray, trainer.state.params)
+  jax.tree.map(np.testing.assert_array_equal, after, before)  # untouched, NaN only where it was
+  assert np.isnan(after["embed"].get_value()).sum() == MODEL.hidden_size
