@@ -24,14 +24,6 @@ from flashrl_jax import envs
 from experiments.configs.demo import demo_task
 from flashrl_jax.model import Decoder, Family, ModelConfig, char_tokenizer, save_hf, token_logprobs
 
-_OUT = flags.DEFINE_string("out", ".cache/demo_model", "Where the HF directory is written.")
-_STEPS = flags.DEFINE_integer("steps", 160, "Supervised steps.")
-_BATCH = flags.DEFINE_integer("batch", 32, "Sequences per step.")
-_LR = flags.DEFINE_float("lr", 3e-3, "Peak learning rate.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed.")
-_FORCE = flags.DEFINE_bool("force", False, "Retrain even when a cached model exists.")
-
-
 def demo_model_config(vocab_size: int) -> ModelConfig:
   """The demo policy: a 2-layer Qwen3-layout decoder, small enough to train on 2 CPU cores."""
   return ModelConfig(family=Family.QWEN3, vocab_size=vocab_size, hidden_size=64,
@@ -99,10 +91,17 @@ def ensure_warmstart(out: str, steps: int = 160, batch: int = 32, lr: float = 3e
 
 def main(argv):
   del argv
-  path = ensure_warmstart(_OUT.value, _STEPS.value, _BATCH.value, _LR.value, _SEED.value,
-                          _FORCE.value)
+  f = flags.FLAGS
+  path = ensure_warmstart(f.out, f.steps, f.batch, f.lr, f.seed, f.force)
   print(f"warm-started model: {path}")
 
 
 if __name__ == "__main__":
+  # Flags are defined only when run as a script, so `experiments.train` can import this module.
+  _OUT = flags.DEFINE_string("out", ".cache/demo_model", "Where the HF directory is written.")
+  _STEPS = flags.DEFINE_integer("steps", 160, "Supervised steps.")
+  _BATCH = flags.DEFINE_integer("batch", 32, "Sequences per step.")
+  _LR = flags.DEFINE_float("lr", 3e-3, "Peak learning rate.")
+  _SEED = flags.DEFINE_integer("seed", 0, "Seed.")
+  _FORCE = flags.DEFINE_bool("force", False, "Retrain even when a cached model exists.")
   app.run(main)

@@ -11,20 +11,30 @@ is timed, since the paper attributes part of async's overhead to it.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 from flashrl_jax.rollout._client import RolloutClient
 from flashrl_jax.rollout._protocol import PauseMode
 from flashrl_jax.trainer import Trainer
-from flashrl_jax.trainer._export import VersionStore, export_version
+from flashrl_jax.trainer._export import VersionStore, verify_version
+
+
+def export_current(trainer: Trainer, store: VersionStore) -> str:
+  """Exports the trainer's policy version, reusing an intact export left by a previous process."""
+  path = store.path(trainer.policy_version)
+  if os.path.exists(path):
+    verify_version(path)  # raises on a damaged directory rather than serving it
+    return path
+  return store.export(trainer.model(), trainer.policy_version, config=trainer.model_config,
+                      step=trainer.step)
 
 
 async def publish_version(trainer: Trainer, store: VersionStore, client: RolloutClient,
                           pause_mode: PauseMode, *, keep_versions: int) -> dict[str, float]:
   version = trainer.policy_version
   t0 = time.perf_counter()
-  path = await asyncio.to_thread(export_version, trainer.model(), version, store.root,
-                                 config=trainer.model_config, step=trainer.step)
+  path = await asyncio.to_thread(export_current, trainer, store)
   t1 = time.perf_counter()
   await client.pause(pause_mode)
   t2 = time.perf_counter()

@@ -79,9 +79,9 @@ async def _train_and_publish(ctx: LoopContext, groups: list[Group], step: int,
   stats = ctx.client.stats()
   busy = [s.busy_s for s in stats.servers]
   record = {
+      **train_metrics,
       "step": step + 1, "policy_version": ctx.trainer.policy_version, "mode": cfg.mode.value,
       "async_ratio": cfg.async_ratio, **sample_metrics,
-      **{k: v for k, v in train_metrics.items()},
       **times, "time/train_s": t1 - t0, **handoff, "time/step_s": wall,
       "samples_per_s": sample_metrics["num_samples"] / max(wall, 1e-9),
       "server_busy_s": busy, "client_retries": stats.num_retries,

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from flashrl_jax import envs
 from flashrl_jax.controller._config import Mode, RolloutBackend, RunConfig
 from flashrl_jax.controller._group_runner import GroupRunner
+from flashrl_jax.controller._handoff import export_current
 from flashrl_jax.controller._loops import LoopContext, run_async, run_sync
 from flashrl_jax.controller._metrics import MetricsLogger, read_metrics
 from flashrl_jax.controller._source import PromptSource
@@ -31,7 +32,7 @@ from flashrl_jax.rollout._local import LocalServers, split_cpus
 from flashrl_jax.rollout._protocol import SamplingParams
 from flashrl_jax.trainer import MeshConfig, Trainer, abstract_train_state, make_mesh
 from flashrl_jax.trainer._checkpoint import CheckpointConfig, Checkpointer
-from flashrl_jax.trainer._export import VersionStore, export_version
+from flashrl_jax.trainer._export import VersionStore
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +80,17 @@ class RunSummary:
 
 def _start_servers(config: RunConfig, cores: list[int], log_dir: str) -> LocalServers:
   r = config.rollout
-  per_server = split_cpus(r.num_servers, cores) if config.resources.platform == "cpu" else None
+  per_server = None
+  if config.resources.platform == "cpu":
+    # Disjoint cores when there are enough; otherwise servers share the rollout cores round-robin
+    # (still disjoint from the trainer's).
+    per_server = (split_cpus(r.num_servers, cores) if r.num_servers <= len(cores)
+                  else [[cores[i % len(cores)]] for i in range(r.num_servers)])
   gpu_ids = list(range(r.num_servers)) if config.resources.platform == "gpu" else None
   tpu_ids = list(range(r.num_servers)) if config.resources.platform == "tpu" else None
-  max_len = config.train.batch.max_response_length + config.train.batch.row_length
-  extra = (f"--max_running_requests={r.max_running_requests}", f"--max_context={max_len}")
+  # A trajectory must fit one packed training row, so that is the servers' context too.
+  extra = (f"--max_running_requests={r.max_running_requests}",
+           f"--context_length={config.train.batch.row_length}", "--weight_version=0")
   return LocalServers.start(config.model_path, r.num_servers, cpu_sets=per_server, gpu_ids=gpu_ids,
                             tpu_ids=tpu_ids, extra_args=extra, log_dir=log_dir)
 
@@ -125,7 +132,8 @@ def _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step) -
                                                max_to_keep=config.keep_checkpoints))
   counters_restored: dict[str, int] = {}
   start_step = 0
-  restored = checkpointer.restore_latest(abstract_train_state(trainer))
+  restored = checkpointer.restore_latest(
+      abstract_train_state(model_config, config.train, mesh)[1])
   if restored is not None:
     state, extra = restored
     trainer.set_state(state)
@@ -160,8 +168,7 @@ def _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step) -
                              max_retries=r.max_retries, vocab_size=model_config.vocab_size) as client:
       await client.wait_healthy(timeout_s=300)
       # Servers start from whatever they loaded; make them serve exactly the trainer's version.
-      path = await asyncio.to_thread(export_version, trainer.model(), trainer.policy_version,
-                                     store.root, config=model_config, step=trainer.step)
+      path = await asyncio.to_thread(export_current, trainer, store)
       await client.update_weights_from_disk(path, str(trainer.policy_version))
       runner = GroupRunner(client, reward_fn, tokenizer, sampling, config.group_size,
                            lambda: ctx.published_version)
