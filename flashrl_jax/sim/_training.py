@@ -68,6 +68,7 @@ class SyncTraining:
 
   def _synced(self, run: Run) -> None:
     run.rollout_version = run.version
+    run.trainer_idle()  # waiting for data is timed from here, as in the controller
     if not run.finished:
       self.start(run)
 
