@@ -57,42 +57,38 @@ def assert_trees_close(a, b, rtol=2e-5, atol=1e-7):
 
 
 def test_pack_layout():
-  trajs = trajectories(n=9)
-  config = BatchConfig(row_length=24, rows=2, sequences=3, max_response_length=12)
+  # Reward = sample id, so each slot can name its trajectory.
+  trajs = [dataclasses.replace(t, reward=float(t.sample_id)) for t in trajectories(n=9)]
+  config = BatchConfig(row_length=24, rows=2, sequences_per_row=2, max_response_length=12)
   batch = pack(trajs, config, num_minibatches=2)
   k, m = batch.input_ids.shape[:2]
   assert k == 2 and m & (m - 1) == 0  # a power of two
-  seen = set()
-  for ki in range(k):
-    for mi in range(m):
-      flat_ids = batch.input_ids[ki, mi].reshape(-1)
-      flat_targets = batch.targets[ki, mi].reshape(-1)
-      flat_seg = batch.segment_ids[ki, mi].reshape(-1)
-      for slot in np.flatnonzero(batch.sample_mask[ki, mi]):
-        reward, group = batch.rewards[ki, mi, slot], batch.group_ids[ki, mi, slot]
-        match = [t for t in trajs if t.group_id == group and t.reward == reward
-                 and len(t.response_ids) == batch.loss_mask[ki, mi, slot].sum()
-                 and t.sample_id not in seen]
-        tr = next(t for t in match if np.array_equal(
-            flat_targets[batch.token_index[ki, mi, slot, :len(t.response_ids)]], t.response_ids))
-        seen.add(tr.sample_id)
-        r = len(tr.response_ids)
-        index = batch.token_index[ki, mi, slot, :r]
-        # The position before each response token predicts it; all inside this slot's segment.
-        np.testing.assert_array_equal(flat_ids[index + 1], tr.response_ids)
-        assert (flat_seg[index] == slot + 1).all()
-        np.testing.assert_array_equal(batch.behavior_logp[ki, mi, slot, :r], tr.behavior_logp)
-        start = index[0] - len(tr.prompt_ids) + 1
-        np.testing.assert_array_equal(flat_ids[start:start + len(tr.prompt_ids)], tr.prompt_ids)
-        assert batch.positions[ki, mi].reshape(-1)[start] == 0
-  assert seen == {t.sample_id for t in trajs}
+  seen = []
+  for at in zip(*np.nonzero(batch.sample_mask)):
+    ki, mi, row, slot = at
+    tr = trajs[int(batch.rewards[at])]
+    seen.append(tr.sample_id)
+    assert (ki == 0) == (tr.sample_id < 5)  # contiguous minibatches, in the given order
+    p, r = len(tr.prompt_ids), len(tr.response_ids)
+    ids, seg = batch.input_ids[ki, mi, row], batch.segment_ids[ki, mi, row]
+    index = batch.token_index[at][:r]
+    # The column before each response token predicts it; all inside this slot's own segment.
+    np.testing.assert_array_equal(ids[index + 1], tr.response_ids)
+    np.testing.assert_array_equal(batch.targets[ki, mi, row][index], tr.response_ids)
+    assert (seg[index] == slot + 1).all() and (seg == slot + 1).sum() == p + r
+    np.testing.assert_array_equal(ids[index[0] - p + 1:index[0] + 1], tr.prompt_ids)
+    np.testing.assert_array_equal(batch.positions[ki, mi, row][seg == slot + 1], np.arange(p + r))
+    np.testing.assert_array_equal(batch.behavior_logp[at][:r], tr.behavior_logp)
+    assert batch.loss_mask[at].sum() == r and batch.group_ids[at] == tr.group_id
+  assert sorted(seen) == list(range(9))
+  assert ((batch.segment_ids != 0).sum(-1) <= config.row_length).all()
   # Padding slots are groups of one (advantage 0) with unique negative ids.
   pad = batch.group_ids[~batch.sample_mask]
   assert (pad < 0).all() and len(set(pad.tolist())) == pad.size
 
 
 def test_pack_errors():
-  config = BatchConfig(row_length=16, rows=2, sequences=4, max_response_length=8)
+  config = BatchConfig(row_length=16, rows=2, sequences_per_row=4, max_response_length=8)
   long = trajectories(n=1, response=(9, 9))
   with pytest.raises(ValueError, match="max_response_length=8"):
     pack(long, config)
@@ -123,11 +119,12 @@ def naive_loss(graphdef, params, config, trajs):
 
 def test_packed_equals_unpacked(model_state):
   graphdef, params = model_state
-  config = TrainConfig(temperature=0.8, batch=BatchConfig(row_length=40, rows=2, sequences=8,
+  config = TrainConfig(temperature=0.8, batch=BatchConfig(row_length=40, rows=2,
+                                                          sequences_per_row=4,
                                                           max_response_length=12))
   trajs = trajectories(seed=5)
   batch = pack(trajs, config.batch)
-  assert (batch.segment_ids[0, 0] != 0).sum(-1).max() > 20  # several sequences share a row
+  assert batch.sample_mask[0, 0].sum(-1).max() > 1  # several sequences share a row
   loss, grads, _ = packed_loss_and_grads(graphdef, params, config, batch)
   ref_loss, ref_grads = jax.value_and_grad(
       lambda p: naive_loss(graphdef, p, config, trajs))(params)
@@ -139,9 +136,10 @@ def test_gradient_accumulation_equals_full_batch(model_state):
   graphdef, params = model_state
   loss_config = LossConfig(aggregation="seq-mean-token-mean", sequence_ratio=True)
   trajs = trajectories(seed=6)
-  big = TrainConfig(loss=loss_config, batch=BatchConfig(row_length=24, rows=8, sequences=8,
+  big = TrainConfig(loss=loss_config, batch=BatchConfig(row_length=24, rows=8,
+                                                        sequences_per_row=1,
                                                         max_response_length=12))
-  small = big.replace(batch=BatchConfig(row_length=24, rows=1, sequences=2,
+  small = big.replace(batch=BatchConfig(row_length=24, rows=1, sequences_per_row=2,
                                         max_response_length=12))
   full = pack(trajs, big.batch)
   split = pack(trajs, small.batch, min_micro_batches=8)
@@ -160,7 +158,7 @@ def test_gradient_accumulation_equals_full_batch(model_state):
 def trainer():
   config = TrainConfig(loss=LossConfig(name="ppo"), num_minibatches=2,
                        optimizer=OptimizerConfig(learning_rate=1e-3),
-                       batch=BatchConfig(row_length=48, rows=4, sequences=4,
+                       batch=BatchConfig(row_length=48, rows=4, sequences_per_row=2,
                                          max_response_length=16))
   return Trainer(MODEL, config, make_mesh(""), seed=1)
 
@@ -173,7 +171,7 @@ def test_no_recompilation_across_lengths(trainer):
     metrics = trainer.update(trajs)
     assert metrics["micro_batches"] == 1
   assert trainer.compilations() == 1
-  more = random_trajectories(rng, 14, vocab_size=96, prompt_lengths=(2, 6),
+  more = random_trajectories(rng, 20, vocab_size=96, prompt_lengths=(2, 6),
                              response_lengths=(4, 16))
   assert trainer.update(more)["micro_batches"] == 2
   assert trainer.update(more[:5])["micro_batches"] == 1

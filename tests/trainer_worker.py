@@ -27,7 +27,7 @@ def step_config():
       loss=LossConfig(name="decoupled_ppo", kl_coef=0.05),
       optimizer=OptimizerConfig(learning_rate=1e-2, eps=1e-3, weight_decay=0.1, schedule="cosine",
                                 total_steps=10),
-      batch=BatchConfig(row_length=32, rows=8, sequences=8, max_response_length=16),
+      batch=BatchConfig(row_length=32, rows=8, sequences_per_row=2, max_response_length=16),
       num_minibatches=2, temperature=0.7)
 
 

@@ -73,7 +73,7 @@ def jax_side(path, args, trajectories):
                                    tree_to_global)
   config = TrainConfig(
       loss=LossConfig(name="ppo"), optimizer=OptimizerConfig(learning_rate=1e-5),
-      batch=BatchConfig(row_length=args.seq, rows=args.batch, sequences=args.batch,
+      batch=BatchConfig(row_length=args.seq, rows=args.batch, sequences_per_row=1,
                         max_response_length=args.seq - args.prompt),
       logprob_chunk_size=args.seq)
   trainer = Trainer(read_config(path), config, make_mesh("", jax.devices()[:1]), init_params=path)

@@ -6,10 +6,11 @@ response) are packed into rows of a fixed token budget (segment ids keep them fr
 other, positions restart per segment), rows are grouped into micro-batches of a fixed number of rows,
 and the number of micro-batches is rounded up to a power of two: a handful of shapes ever compile.
 
-The loss does not see rows. Each micro-batch also carries a per-sequence view `[S, L]` (S sequence
-slots, L = max response length) with, for every response token, the flat index of the packed position
-whose logits predict it. The trainer gathers log-probs into that view, so losses, sequence-level
-aggregations, GSPO's sequence ratio and advantages work exactly as on an unpacked `[B, T]` batch.
+The loss does not see rows. Each row also carries `S` sequence slots `[S, L]` (L = max response
+length) holding, for every response token, the column of the row whose hidden state predicts it. The
+trainer gathers hidden states row by row into that view (a row-local gather: rows are split over
+devices, so no device ever needs another's activations), so losses, sequence-level aggregations,
+GSPO's sequence ratio and advantages work exactly as on an unpacked `[B, T]` batch.
 """
 
 from __future__ import annotations
@@ -58,13 +59,13 @@ class Trajectory:
 
 @flax.struct.dataclass
 class Batch:
-  """One RL step's data. Leading axes `[K, M]`: K minibatches of M micro-batches.
+  """One RL step's data. Leading axes `[K, M]`: K minibatches of M micro-batches of R rows.
 
   Packed rows `[K, M, R, T]`: `input_ids`, `positions`, `segment_ids` (0 = padding), `targets` (the
-  next token in the same segment, else 0). Per-sequence `[K, M, S, L]`: `token_index` (flat index
-  into the micro-batch's `R * T` positions of the logits predicting response token j), `loss_mask`,
-  `behavior_logp`, `behavior_version`. Per-sequence `[K, M, S]`: `rewards`, `group_ids` (padding
-  slots get unique negative ids, so their advantage is 0), `sample_mask`, `start_version`.
+  next token in the same segment, else 0). Sequence slots `[K, M, R, S, L]`: `token_index` (the
+  column of row r whose hidden state predicts response token j), `loss_mask`, `behavior_logp`,
+  `behavior_version`. Per slot `[K, M, R, S]`: `rewards`, `group_ids` (padding slots get unique
+  negative ids, so their advantage is 0), `sample_mask`, `start_version`.
   """
 
   input_ids: jax.Array
@@ -93,10 +94,11 @@ class Batch:
 BATCH_AXES = Batch(
     input_ids=(None, None, "batch", "length"), positions=(None, None, "batch", "length"),
     segment_ids=(None, None, "batch", "length"), targets=(None, None, "batch", "length"),
-    token_index=(None, None, "batch", None), loss_mask=(None, None, "batch", None),
-    behavior_logp=(None, None, "batch", None), behavior_version=(None, None, "batch", None),
-    rewards=(None, None, "batch"), group_ids=(None, None, "batch"),
-    sample_mask=(None, None, "batch"), start_version=(None, None, "batch"))
+    token_index=(None, None, "batch", None, None), loss_mask=(None, None, "batch", None, None),
+    behavior_logp=(None, None, "batch", None, None),
+    behavior_version=(None, None, "batch", None, None), rewards=(None, None, "batch", None),
+    group_ids=(None, None, "batch", None), sample_mask=(None, None, "batch", None),
+    start_version=(None, None, "batch", None))
 
 
 def _check(t: Trajectory, config: BatchConfig) -> None:
@@ -123,25 +125,25 @@ def _check(t: Trajectory, config: BatchConfig) -> None:
 
 
 def _assign(lengths: list[int], config: BatchConfig, one_per_row: bool
-            ) -> list[list[tuple[int, int, int]]]:
-  """First-fit decreasing: per micro-batch, a list of (trajectory, row, offset)."""
-  micro: list[tuple[list[int], list[tuple[int, int, int]]]] = []  # (row fill, placements)
+            ) -> list[list[tuple[int, int, int, int]]]:
+  """First-fit decreasing: per micro-batch, a list of (trajectory, row, slot, column offset)."""
+  per_row = 1 if one_per_row else config.sequences_per_row
+  micro: list[tuple[list[int], list[int], list]] = []  # (row fill, row slots used, placements)
   for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
     n = lengths[i]
-    for fill, placed in micro:
-      if len(placed) == config.sequences:
-        continue
-      row = next((k for k, used in enumerate(fill)
-                  if (used == 0 if one_per_row else used + n <= config.row_length)), None)
+    for fill, slots, placed in micro:
+      row = next((k for k in range(config.rows)
+                  if slots[k] < per_row and fill[k] + n <= config.row_length), None)
       if row is not None:
-        placed.append((i, row, fill[row]))
-        fill[row] += n
         break
     else:
-      fill = [0] * config.rows
-      micro.append((fill, [(i, 0, 0)]))
-      fill[0] = n
-  return [placed for _, placed in micro]
+      fill, slots, placed = [0] * config.rows, [0] * config.rows, []
+      micro.append((fill, slots, placed))
+      row = 0
+    placed.append((i, row, slots[row], fill[row]))
+    fill[row] += n
+    slots[row] += 1
+  return [placed for _, _, placed in micro]
 
 
 def pack(trajectories: list[Trajectory], config: BatchConfig, num_minibatches: int = 1, *,
@@ -156,10 +158,8 @@ def pack(trajectories: list[Trajectory], config: BatchConfig, num_minibatches: i
     raise ValueError(f"{len(trajectories)} trajectories cannot fill {num_minibatches} minibatches.")
   for t in trajectories:
     _check(t, config)
-  if one_per_row and config.sequences > config.rows:
-    config = dataclasses.replace(config, sequences=config.rows)
   splits = np.array_split(np.arange(len(trajectories)), num_minibatches)
-  plans = [[[(int(split[i]), row, off) for i, row, off in placed]
+  plans = [[[(int(split[i]), row, slot, off) for i, row, slot, off in placed]
             for placed in _assign([trajectories[j].num_tokens for j in split], config, one_per_row)]
            for split in splits]
   needed = max(max(len(p) for p in plans), min_micro_batches)
@@ -168,37 +168,37 @@ def pack(trajectories: list[Trajectory], config: BatchConfig, num_minibatches: i
 
 
 def _fill(trajectories, plans, config: BatchConfig, m: int) -> Batch:
-  k, rows, t, s, length = len(plans), config.rows, config.row_length, config.sequences, \
-      config.max_response_length
-  z = lambda *shape, dtype=np.int32: np.zeros((k, m) + shape, dtype)
-  b = dict(input_ids=z(rows, t), positions=z(rows, t), segment_ids=z(rows, t), targets=z(rows, t),
+  k, rows, t = len(plans), config.rows, config.row_length
+  s, length = config.sequences_per_row, config.max_response_length
+  z = lambda *shape, dtype=np.int32: np.zeros((k, m, rows) + shape, dtype)
+  b = dict(input_ids=z(t), positions=z(t), segment_ids=z(t), targets=z(t),
            token_index=z(s, length), loss_mask=z(s, length, dtype=bool),
            behavior_logp=z(s, length, dtype=np.float32), behavior_version=z(s, length),
            rewards=z(s, dtype=np.float32), group_ids=z(s), sample_mask=z(s, dtype=bool),
            start_version=z(s))
   # Unique negative ids: a padding slot is a group of one, whose advantage every estimator zeroes.
-  b["group_ids"][:] = -1 - np.arange(k * m * s).reshape(k, m, s)
+  b["group_ids"][:] = -1 - np.arange(b["group_ids"].size).reshape(b["group_ids"].shape)
   for ki, plan in enumerate(plans):
     for mi, placed in enumerate(plan):
-      for slot, (i, row, off) in enumerate(placed):
+      for i, row, slot, off in placed:
         tr = trajectories[i]
         p, r = len(tr.prompt_ids), len(tr.response_ids)
         ids = np.concatenate([tr.prompt_ids, tr.response_ids]).astype(np.int32)
-        span = slice(off, off + p + r)
-        b["input_ids"][ki, mi, row, span] = ids
-        b["positions"][ki, mi, row, span] = np.arange(p + r)
-        b["segment_ids"][ki, mi, row, span] = slot + 1
-        b["targets"][ki, mi, row, off:off + p + r - 1] = ids[1:]
-        # Response token j sits at off + p + j; the logits at the position before predict it.
-        b["token_index"][ki, mi, slot, :r] = row * t + off + p - 1 + np.arange(r)
+        at = (ki, mi, row)
+        b["input_ids"][at][off:off + p + r] = ids
+        b["positions"][at][off:off + p + r] = np.arange(p + r)
+        b["segment_ids"][at][off:off + p + r] = slot + 1
+        b["targets"][at][off:off + p + r - 1] = ids[1:]
+        # Response token j sits at column off + p + j; the hidden state before it predicts it.
+        b["token_index"][at][slot, :r] = off + p - 1 + np.arange(r)
         mask = np.ones(r, bool) if tr.response_mask is None else np.asarray(tr.response_mask, bool)
-        b["loss_mask"][ki, mi, slot, :r] = mask
-        b["behavior_logp"][ki, mi, slot, :r] = tr.behavior_logp
-        b["behavior_version"][ki, mi, slot, :r] = tr.behavior_version
-        b["rewards"][ki, mi, slot] = tr.reward
-        b["group_ids"][ki, mi, slot] = tr.group_id
-        b["sample_mask"][ki, mi, slot] = True
-        b["start_version"][ki, mi, slot] = tr.start_version
+        b["loss_mask"][at][slot, :r] = mask
+        b["behavior_logp"][at][slot, :r] = tr.behavior_logp
+        b["behavior_version"][at][slot, :r] = tr.behavior_version
+        b["rewards"][at][slot] = tr.reward
+        b["group_ids"][at][slot] = tr.group_id
+        b["sample_mask"][at][slot] = True
+        b["start_version"][at][slot] = tr.start_version
   return Batch(**b)
 
 

@@ -90,20 +90,20 @@ class OptimizerConfig:
 class BatchConfig:
   """The static shapes of one micro-batch; a step compiles once per number of micro-batches.
 
-  Trajectories (prompt + response) are packed into `rows` rows of `row_length` tokens; at most
-  `sequences` trajectories per micro-batch, each with at most `max_response_length` response tokens
-  (the width of the per-sequence loss arrays). `rows` must be divisible by the mesh's batch axes
-  (`data * fsdp`). The number of micro-batches per minibatch is rounded up to a power of two, so an
-  RL step compiles for at most log2(n) shapes.
+  Trajectories (prompt + response) are packed into `rows` rows of `row_length` tokens, at most
+  `sequences_per_row` per row, each with at most `max_response_length` response tokens (the width
+  of the per-sequence loss arrays). `rows` should be divisible by the mesh's batch axes
+  (`data * fsdp`), else the batch is replicated. The number of micro-batches per minibatch is
+  rounded up to a power of two, so an RL step compiles for at most log2(n) shapes.
   """
 
   row_length: int = 512
   rows: int = 8
-  sequences: int = 16
+  sequences_per_row: int = 4
   max_response_length: int = 256
 
   def __post_init__(self):
-    for name in ("row_length", "rows", "sequences", "max_response_length"):
+    for name in ("row_length", "rows", "sequences_per_row", "max_response_length"):
       if getattr(self, name) < 1:
         raise ValueError(f"BatchConfig.{name} must be >= 1, got {getattr(self, name)}.")
     if self.max_response_length >= self.row_length:

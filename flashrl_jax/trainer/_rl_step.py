@@ -33,7 +33,7 @@ from flashrl_jax.trainer._step import LossInputs, minibatch_gradients, sequence_
 
 
 def compute_advantages(config: TrainConfig, batch: Batch) -> jax.Array:
-  """`[K, M, S, L]` advantages of every response token, from the whole batch's rewards and groups."""
+  """`[K, M, R, S, L]` advantages of every response token, from the whole batch's rewards/groups."""
   lead = batch.rewards.shape
   rewards, groups = batch.rewards.reshape(-1), batch.group_ids.reshape(-1)
   mask = batch.loss_mask.reshape(-1, batch.loss_mask.shape[-1])
@@ -53,7 +53,7 @@ def compute_advantages(config: TrainConfig, batch: Batch) -> jax.Array:
 
 def all_sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, config: TrainConfig,
                           batch: Batch) -> jax.Array:
-  """`[K, M, S, L]` log-probs of every micro-batch under `params`, without gradient."""
+  """`[K, M, R, S, L]` log-probs of every micro-batch under `params`, without gradient."""
   model = nnx.merge(graphdef, jax.lax.stop_gradient(params))
   k, m = batch.input_ids.shape[:2]
   flat = jax.tree.map(lambda x: x.reshape(k * m, *x.shape[2:]), batch)
@@ -127,11 +127,10 @@ def train_step(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState, b
 def batch_shardings(mesh: Mesh, rules: Rules, config: BatchConfig) -> Batch:
   """NamedShardings of a packed batch: rows and sequence slots split over the batch mesh axes.
 
-  Only the row (R) and slot (S) axes are ever split, so the shardings hold for any micro-batch count.
+  Only the row axis (R) is split, so the shardings hold for any micro-batch count.
   """
-  def one(names):
-    size = config.rows if names[-1] == "length" else config.sequences
-    return named_sharding(names, rules, mesh, (1, 1, size, 1)[:len(names)])
+  def one(names):  # every field is [K, M, R, ...]: only the row axis is ever split
+    return named_sharding(names, rules, mesh, (1, 1, config.rows) + (1,) * (len(names) - 3))
 
   return jax.tree.map(one, BATCH_AXES, is_leaf=lambda x: isinstance(x, tuple))
 

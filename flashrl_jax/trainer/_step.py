@@ -22,7 +22,7 @@ from flashrl_jax.trainer._config import TrainConfig
 
 
 class LossInputs(NamedTuple):
-  """What the loss needs beyond the packed tokens, per sequence slot; `[..., S, L]` arrays."""
+  """What the loss needs beyond the packed tokens, per sequence slot; `[..., R, S, L]` arrays."""
 
   advantages: jax.Array
   prox_logp: jax.Array | None = None
@@ -31,17 +31,20 @@ class LossInputs(NamedTuple):
 
 def sequence_logprobs(model: Decoder, micro: Batch, config: TrainConfig
                       ) -> tuple[jax.Array, jax.Array]:
-  """(logp, entropy) `[S, L]` of each slot's response tokens, from one packed micro-batch `[R, T]`.
+  """(logp, entropy) `[R, S, L]` of each slot's response tokens, from one packed micro-batch.
 
   Hidden states are gathered to the response positions *before* the vocabulary projection, so
-  prompt and padding positions never pay for the `[D, V]` matmul.
+  prompt and padding positions never pay for the `[D, V]` matmul; the gather is per row, so it
+  stays on the device that holds the row.
   """
   hidden = model.hidden_states(micro.input_ids, micro.positions, micro.segment_ids)  # [R, T, D]
-  flat_hidden = hidden.reshape(-1, hidden.shape[-1])
-  h = flat_hidden[micro.token_index]  # [S, L, D]
-  y = micro.targets.reshape(-1)[micro.token_index]  # [S, L]
-  return token_logprobs(h, model.unembedding(), y, temperature=config.temperature,
-                        chunk_size=config.logprob_chunk_size)
+  rows, slots, width = micro.token_index.shape
+  take = jax.vmap(lambda x, index: x[index])  # row r: x[r][index[r]]
+  h = take(hidden, micro.token_index).reshape(rows * slots, width, -1)  # [R*S, L, D]
+  y = take(micro.targets, micro.token_index).reshape(rows * slots, width)
+  logp, entropy = token_logprobs(h, model.unembedding(), y, temperature=config.temperature,
+                                 chunk_size=config.logprob_chunk_size)
+  return logp.reshape(rows, slots, width), entropy.reshape(rows, slots, width)
 
 
 def micro_batch_loss(params: nnx.State, graphdef: nnx.GraphDef, config: TrainConfig, micro: Batch,
@@ -49,23 +52,26 @@ def micro_batch_loss(params: nnx.State, graphdef: nnx.GraphDef, config: TrainCon
   """The configured policy loss of one micro-batch (its own aggregation, unweighted)."""
   model = nnx.merge(graphdef, params)
   logp, entropy = sequence_logprobs(model, micro, config)
+  flat = lambda x: None if x is None else x.reshape(-1, *x.shape[2:])  # [R, S, ...] -> [R*S, ...]
   return compute_policy_loss(
-      config.loss, logp=logp, behavior_logp=micro.behavior_logp, advantages=inputs.advantages,
-      mask=micro.loss_mask, prox_logp=inputs.prox_logp, ref_logp=inputs.ref_logp,
-      positive=(micro.rewards > 0) if config.loss.name is LossName.TOPR else None,
-      entropy=entropy)
+      config.loss, logp=flat(logp), behavior_logp=flat(micro.behavior_logp),
+      advantages=flat(inputs.advantages), mask=flat(micro.loss_mask),
+      prox_logp=flat(inputs.prox_logp), ref_logp=flat(inputs.ref_logp),
+      positive=flat(micro.rewards > 0) if config.loss.name is LossName.TOPR else None,
+      entropy=flat(entropy))
 
 
 def micro_batch_weights(loss_mask: jax.Array, aggregation: Aggregation) -> jax.Array:
-  """`[M]` weights summing to 1 (0 for empty micro-batches) from a minibatch's `[M, S, L]` mask.
+  """`[M]` weights summing to 1 (0 for empty micro-batches) from a minibatch's `[M, R, S, L]` mask.
 
   Each is the micro-batch's share of the aggregation's denominator: tokens for token-mean,
   non-empty sequences for the sequence-mean modes.
   """
+  m = loss_mask.shape[0]
   if aggregation is Aggregation.TOKEN_MEAN:
-    counts = loss_mask.sum((1, 2))
+    counts = loss_mask.reshape(m, -1).sum(-1)
   else:
-    counts = loss_mask.any(-1).sum(-1)
+    counts = loss_mask.any(-1).reshape(m, -1).sum(-1)
   counts = counts.astype(jnp.float32)
   return counts / jnp.maximum(counts.sum(), 1.0)
 
