@@ -72,9 +72,12 @@ def test_async_alpha_zero_is_on_policy_and_never_overlaps():
 
 @settings(max_examples=12, deadline=None)
 @given(alpha=st.integers(0, 4), seed=st.integers(0, 2**16), train_gpus=st.integers(1, 3),
-       train_s=st.floats(0.0, 3.0), pause=st.sampled_from(list(sim.PauseMode)))
-def test_staleness_bound_holds_for_every_consumed_sample(alpha, seed, train_gpus, train_s, pause):
-  config = tiny(training=sim.AsyncTraining(alpha=alpha, train_gpus=train_gpus), pause=pause,
+       train_s=st.floats(0.0, 3.0), pause=st.sampled_from(list(sim.PauseMode)),
+       abort_hopeless=st.booleans())
+def test_staleness_bound_holds_for_every_consumed_sample(alpha, seed, train_gpus, train_s, pause,
+                                                         abort_hopeless):
+  training = sim.AsyncTraining(alpha=alpha, train_gpus=train_gpus, abort_hopeless=abort_hopeless)
+  config = tiny(training=training, pause=pause,
                 cost=dataclasses.replace(tiny().cost, train=sim.TrainModel(train_s, 1e-4)))
   result = sim.simulate(config, seed=seed)
   for record in result.records:

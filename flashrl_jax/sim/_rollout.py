@@ -209,13 +209,16 @@ class RolloutPool:
     wasted = 0.0
     for group in groups:
       group.cancelled = True
+    removed: list[Request] = []
     for worker in self.workers:
       if any(item[2].group.gid in doomed for item in worker.active):
-        for request in worker.remove(doomed, now):
-          wasted += worker.generated(request)
-          request.cancelled = True
-          self.dispatch.settled(self, request, now)
+        gone = worker.remove(doomed, now)
+        wasted += sum(worker.generated(r) for r in gone)
+        removed.extend(gone)
         self._reschedule(worker)
+    for request in removed:  # settle only once every worker is consistent again
+      request.cancelled = True
+      self.dispatch.settled(self, request, now)
     for group in groups:
       for request in group.requests:
         if not request.cancelled:
