@@ -209,3 +209,19 @@ def batch_stats(batch: Batch) -> dict[str, float]:
   return {"tokens": real, "response_tokens": int(np.asarray(batch.loss_mask).sum()),
           "samples": int(np.asarray(batch.sample_mask).sum()),
           "padding_fraction": 1.0 - real / seg.size}
+
+
+def random_trajectories(rng: np.random.Generator, n: int, *, vocab_size: int,
+                        prompt_lengths: tuple[int, int], response_lengths: tuple[int, int],
+                        group_size: int = 4, version: int = 0) -> list[Trajectory]:
+  """Random trajectories with GRPO groups (tests, demos, benchmarks)."""
+  out = []
+  for i in range(n):
+    p = int(rng.integers(*prompt_lengths, endpoint=True))
+    r = int(rng.integers(*response_lengths, endpoint=True))
+    out.append(Trajectory(
+        sample_id=i, prompt_ids=rng.integers(3, vocab_size, p), response_ids=rng.integers(
+            3, vocab_size, r), behavior_logp=-rng.uniform(0.5, 5.0, r).astype(np.float32),
+        reward=float(rng.integers(0, 2)), group_id=i // group_size, behavior_version=version,
+        start_version=version))
+  return out

@@ -124,6 +124,8 @@ class TrainConfig:
     ppo_epochs: passes over the batch per RL step.
     num_minibatches: optimizer updates per pass; each minibatch accumulates gradients over its
       micro-batches. An RL step makes `ppo_epochs * num_minibatches` updates.
+    shuffle_minibatches: visit the minibatches in a fresh random order each epoch (drawn from the
+      train state's rng, so a resumed run repeats it exactly).
     temperature: the sampling temperature of the rollout engine; log-probs are taken under
       `softmax(logits / temperature)` so the ratio against the behaviour log-probs is meaningful.
     param_dtype, compute_dtype: weight storage and matmul dtypes.
@@ -136,6 +138,7 @@ class TrainConfig:
   advantage: AdvantageEstimator = AdvantageEstimator.GRPO
   ppo_epochs: int = 1
   num_minibatches: int = 1
+  shuffle_minibatches: bool = True
   temperature: float = 1.0
   param_dtype: DType = DType.FLOAT32
   compute_dtype: DType = DType.FLOAT32

@@ -8,8 +8,9 @@ Order inside a step:
 1. advantages from rewards and group ids over the *whole* batch (groups span micro-batches);
 2. `prox_logp` under the step's starting parameters (decoupled PPO's proximal policy), and the frozen
    reference model's log-probs when the loss has a KL term; neither is differentiated;
-3. for each epoch, for each minibatch: accumulate gradients over its micro-batches, then one guarded
-   AdamW update (non-finite gradients skip it and are counted).
+3. for each epoch, for each minibatch (in an order drawn from the state's rng when
+   `shuffle_minibatches`): accumulate gradients over its micro-batches, then one guarded AdamW update
+   (non-finite gradients skip it and are counted).
 """
 
 from __future__ import annotations
@@ -82,6 +83,14 @@ def _batch_metrics(config: TrainConfig, state: TrainState, batch: Batch, advanta
   }
 
 
+def minibatch_order(config: TrainConfig, rng: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """(next rng, `[ppo_epochs * k]` minibatch indices): each epoch a permutation when shuffling."""
+  if not config.shuffle_minibatches:
+    return rng, jnp.tile(jnp.arange(k), config.ppo_epochs)
+  rng, *keys = jax.random.split(rng, config.ppo_epochs + 1)
+  return rng, jnp.concatenate([jax.random.permutation(key, k) for key in keys])
+
+
 def train_step(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState, batch: Batch,
                ref_params: nnx.State | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
   """One RL step: `ppo_epochs * K` optimizer updates on the K minibatches of `batch`."""
@@ -99,7 +108,7 @@ def train_step(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState, b
 
   def update(carry, index):
     params, opt_state = carry
-    take = lambda x: jax.lax.dynamic_index_in_dim(x, index % k, keepdims=False)
+    take = lambda x: jax.lax.dynamic_index_in_dim(x, index, keepdims=False)
     loss, grads, metrics = minibatch_gradients(params, graphdef, config,
                                                jax.tree.map(take, batch),
                                                jax.tree.map(take, inputs))
@@ -109,14 +118,14 @@ def train_step(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState, b
                 "skipped": skipped}
     return (params, opt_state), metrics
 
-  (params, opt_state), per_update = jax.lax.scan(
-      update, (state.params, state.opt_state), jnp.arange(config.ppo_epochs * k))
+  rng, order = minibatch_order(config, state.rng, k)
+  (params, opt_state), per_update = jax.lax.scan(update, (state.params, state.opt_state), order)
   skipped = per_update.pop("skipped").sum()
   metrics = {key: value.mean() for key, value in per_update.items()}
   metrics["learning_rate"] = per_update["learning_rate"][-1]
   metrics |= _batch_metrics(config, state, batch, advantages)
   new_state = state.replace(
-      params=params, opt_state=opt_state, step=state.step + 1,
+      params=params, opt_state=opt_state, step=state.step + 1, rng=rng,
       policy_version=state.policy_version + 1, skipped_updates=state.skipped_updates + skipped)
   metrics |= {"skipped_updates": skipped.astype(jnp.float32),
               "skipped_updates_total": new_state.skipped_updates.astype(jnp.float32),

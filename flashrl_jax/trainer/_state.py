@@ -10,7 +10,8 @@ Fields (all arrays; the structure is stable, checkpoints depend on it):
   opt_state: the optax state of `make_optimizer(config.optimizer)` over `params`.
   step: int32, RL steps (`train_step` calls) applied.
   policy_version: int32, the version of the policy these params are; +1 per RL step.
-  rng: uint32[2], a raw PRNG key (raw so that orbax stores it as a plain array).
+  rng: uint32[2], a raw PRNG key (raw so that orbax stores it as a plain array); the step draws
+    the minibatch order from it and stores the next key.
   skipped_updates: int32, optimizer updates skipped for non-finite gradients, ever.
 """
 

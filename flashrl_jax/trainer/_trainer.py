@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 
 import jax
-import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -97,18 +96,3 @@ class Trainer:
     """How many shapes the jitted step has compiled for (a fixed handful in a healthy run)."""
     return self._step._cache_size()  # pylint: disable=protected-access
 
-
-def random_trajectories(rng: np.random.Generator, n: int, *, vocab_size: int,
-                        prompt_lengths: tuple[int, int], response_lengths: tuple[int, int],
-                        group_size: int = 4, version: int = 0) -> list[Trajectory]:
-  """Random trajectories with GRPO groups (tests, demos, benchmarks)."""
-  out = []
-  for i in range(n):
-    p = int(rng.integers(*prompt_lengths, endpoint=True))
-    r = int(rng.integers(*response_lengths, endpoint=True))
-    out.append(Trajectory(
-        sample_id=i, prompt_ids=rng.integers(3, vocab_size, p), response_ids=rng.integers(
-            3, vocab_size, r), behavior_logp=-rng.uniform(0.5, 5.0, r).astype(np.float32),
-        reward=float(rng.integers(0, 2)), group_id=i // group_size, behavior_version=version,
-        start_version=version))
-  return out
