@@ -28,7 +28,7 @@ def get_config() -> RunConfig:
       train=TrainConfig(
           loss=LossConfig(name="cispo", clip_low=1.0, clip_high=0.28),
           optimizer=OptimizerConfig(learning_rate=5e-4, warmup_steps=2, max_grad_norm=1.0),
-          batch=BatchConfig(row_length=128, rows=8, sequences=32, max_response_length=64),
+          batch=BatchConfig(row_length=128, rows=8, sequences_per_row=4, max_response_length=64),
           temperature=1.0),
       rollout=RolloutConfig(num_servers=2, max_running_requests=16, max_new_tokens=60,
                             temperature=1.0),
