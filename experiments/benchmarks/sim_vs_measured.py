@@ -32,7 +32,8 @@ process's core slice; sync runs on separate rollout and trainer processes, as th
 To measure the `decode` block on this machine with the project's own engine (static-shape slots,
 so the step time barely depends on how many are active):
 
-    python -m experiments.benchmarks.sim_vs_measured --measure_decode=.cache/demo_model --slots=16
+    python -m experiments.benchmarks.sim_vs_measured --measure_decode=.cache/demo_model \\
+        --slots=16 --context_length=128
 """
 
 from __future__ import annotations
@@ -76,15 +77,23 @@ def lengths_from_metrics(records: list[dict], run: dict) -> sim.LengthModel:
 
 
 def train_from_metrics(records: list[dict], prompt_tokens: int, devices: int) -> sim.TrainModel:
-  """Least-squares `time/train_s = fixed + per_token_s · tokens / devices` over the steps."""
+  """`time/train_s ≈ fixed + per_token_s · tokens / devices`, preserving the measured mean.
+
+  The slope is fitted on the steps without one-off costs (JIT compiles of new shapes: steps over
+  3× the median are left out of the fit); the intercept is then set so that the model's mean over
+  *all* steps equals the measured mean, because a real run pays those compiles too.
+  """
   tokens = np.array([r["num_samples"] * (prompt_tokens + r.get("response_length_mean", 0.0))
                      for r in records])
   seconds = np.array([r["time/train_s"] for r in records])
-  if len(records) > 2 and np.ptp(tokens) > 0:
-    slope, intercept = np.polyfit(tokens, seconds, 1)
-    if slope > 0 and intercept >= 0:
-      return sim.TrainModel(fixed_s=float(intercept), per_token_s=float(slope) * devices)
-  return sim.TrainModel(fixed_s=0.0, per_token_s=float(seconds.sum() / tokens.sum()) * devices)
+  typical = seconds <= 3.0 * np.median(seconds)
+  slope = 0.0
+  if typical.sum() > 2 and np.ptp(tokens[typical]) > 0:
+    slope = max(float(np.polyfit(tokens[typical], seconds[typical], 1)[0]), 0.0)
+  fixed = float(seconds.mean() - slope * tokens.mean())
+  if fixed < 0:  # all of the time is per token
+    slope, fixed = float(seconds.sum() / tokens.sum()), 0.0
+  return sim.TrainModel(fixed_s=fixed, per_token_s=slope * devices)
 
 
 def build_config(records: list[dict], calibration: dict) -> sim.SimConfig:
@@ -151,14 +160,17 @@ def compare(records: list[dict], calibration: dict, seeds: int = 3) -> dict:
   }
 
 
-def measure_decode(model_path: str, slots: int, tokens: int = 32) -> dict:
+def measure_decode(model_path: str, slots: int, context_length: int | None = None,
+                   tokens: int = 32) -> dict:
   """Decode step seconds vs active requests on one `flashrl_jax.rollout.Engine` (a `decode` block)."""
   from flashrl_jax.rollout import Engine, EngineConfig, Sampling  # JAX only when asked for
   prompt = list(range(3, 11))
   sampling = Sampling(max_new_tokens=tokens, ignore_eos=True)
   active = sorted({1, max(slots // 4, 1), max(slots // 2, 1), slots})
   step_s = []
-  with Engine(EngineConfig(model_path=model_path, max_running_requests=slots)) as engine:
+  config = EngineConfig(model_path=model_path, max_running_requests=slots,
+                        context_length=context_length)
+  with Engine(config) as engine:
     for count in active:
       for attempt in range(2):  # the first pass compiles this prefill shape
         before = dataclasses.replace(engine.stats)
@@ -175,12 +187,15 @@ _SEEDS = flags.DEFINE_integer("seeds", 3, "Simulation seeds to average.")
 _MEASURE_DECODE = flags.DEFINE_string("measure_decode", None,
                                       "Model directory: print a measured `decode` block and exit.")
 _SLOTS = flags.DEFINE_integer("slots", 16, "Engine slots for --measure_decode.")
+_CONTEXT = flags.DEFINE_integer("context_length", None, "Engine context for --measure_decode "
+                                "(the controller passes the trainer's row length).")
 
 
 def main(argv):
   del argv
   if _MEASURE_DECODE.value:
-    print(json.dumps({"decode": measure_decode(_MEASURE_DECODE.value, _SLOTS.value)}))
+    print(json.dumps({"decode": measure_decode(_MEASURE_DECODE.value, _SLOTS.value,
+                                               _CONTEXT.value)}))
     return
   if not (_METRICS.value and _CALIBRATION.value):
     raise app.UsageError("--metrics and --calibration are required (or --measure_decode).")
