@@ -1,0 +1,82 @@
+"""Async (α = 1, 2, 4) vs sync RL throughput on a long-tail RLVR task, same CPU, one run.
+
+Each mode is a real `python -m experiments.train` run (rollout server processes + trainer) on the
+demo task, whose answer lengths are lognormal (most short, a few 5-8x longer). Sync time-shares all
+cores between generation and training; async splits them (rollout cores | trainer core). Throughput is
+trained samples per second over the steps after `--warmup_steps` (which include compilation).
+
+  python -m experiments.benchmarks.async_vs_sync [--steps=14] [--warmup_steps=4]
+
+Last line: `async_speedup_vs_sync: <best ratio over α>`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+_STEPS = flags.DEFINE_integer("steps", 14, "Training steps per run.")
+_WARMUP = flags.DEFINE_integer("warmup_steps", 4, "Steps excluded from the throughput.")
+_RATIOS = flags.DEFINE_list("async_ratios", ["1", "2", "4"], "α values to measure.")
+_BATCH = flags.DEFINE_integer("batch_size", 8, "Prompt groups per step.")
+_GROUP = flags.DEFINE_integer("group_size", 4, "Responses per prompt.")
+_OUT = flags.DEFINE_string("out", None, "Directory for the runs (default: a temp dir).")
+
+
+def measured_throughput(workdir: str, warmup: int) -> tuple[float, dict]:
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  timed = records[warmup:]
+  samples = sum(r["num_samples"] for r in timed)
+  seconds = sum(r["time/step_s"] for r in timed)
+  stale = [int(k) for r in timed for k, n in r["staleness_hist"].items() for _ in range(n)]
+  return samples / seconds, {"samples": samples, "seconds": seconds,
+                             "reward_mean": sum(r["reward_mean"] for r in timed) / len(timed),
+                             "staleness_max": max(stale) if stale else 0}
+
+
+def run_mode(out: str, name: str, flags_: list[str]) -> str:
+  workdir = os.path.join(out, name)
+  cmd = [sys.executable, "-m", "experiments.train", f"--workdir={workdir}",
+         f"--steps={_STEPS.value}", f"--batch_size={_BATCH.value}",
+         f"--group_size={_GROUP.value}", "--progress=false", "--plot=false", *flags_]
+  start = time.time()
+  proc = subprocess.run(cmd, capture_output=True, text=True)
+  if proc.returncode != 0:
+    raise RuntimeError(f"{name} failed:\n{proc.stderr[-3000:]}")
+  print(f"  {name}: finished in {time.time() - start:.0f}s", flush=True)
+  return workdir
+
+
+def main(argv):
+  del argv
+  from experiments.configs.demo import DEMO_MODEL_DIR
+  from experiments.warmstart import ensure_warmstart
+  ensure_warmstart(DEMO_MODEL_DIR)
+  out = _OUT.value or tempfile.mkdtemp(prefix="async_vs_sync_")
+  print(f"runs in {out} ({os.cpu_count()} cores)", flush=True)
+  results = {}
+  sync_dir = run_mode(out, "sync", ["--mode=sync"])
+  results["sync"] = measured_throughput(sync_dir, _WARMUP.value)
+  for ratio in _RATIOS.value:
+    workdir = run_mode(out, f"async_a{ratio}", ["--mode=async", f"--async_ratio={ratio}"])
+    results[f"async α={ratio}"] = measured_throughput(workdir, _WARMUP.value)
+  base = results["sync"][0]
+  print(f"\n{'mode':<12} {'samples/s':>10} {'speedup':>8} {'reward':>7} {'max stale':>9}")
+  for name, (sps, info) in results.items():
+    print(f"{name:<12} {sps:>10.2f} {sps / base:>8.2f} {info['reward_mean']:>7.3f} "
+          f"{info['staleness_max']:>9d}")
+  best = max(sps for name, (sps, _) in results.items() if name != "sync")
+  with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump({k: {"samples_per_s": v[0], **v[1]} for k, v in results.items()}, f, indent=1)
+  print(f"async_speedup_vs_sync: {best / base:.2f}")
+
+
+if __name__ == "__main__":
+  app.run(main)
