@@ -156,8 +156,16 @@ def compare(records: list[dict], calibration: dict, seeds: int = 3) -> dict:
       "measured_train_s": float(np.mean([r["time/train_s"] for r in measured])),
       "predicted_wait_data_s": float(np.mean([r.wait_data_s for r in results])),
       "measured_wait_data_s": float(np.mean([r["time/wait_data_s"] for r in measured])),
+      "predicted_staleness_mean": float(np.mean([_hist_mean(r.staleness_hist) for r in results])),
+      "measured_staleness_mean": float(np.mean([_hist_mean(r.get("staleness_hist", {}))
+                                                for r in measured])),
       "error": abs(predicted - actual) / actual,
   }
+
+
+def _hist_mean(hist: dict) -> float:
+  total = sum(hist.values())
+  return sum(int(k) * v for k, v in hist.items()) / total if total else 0.0
 
 
 def measure_decode(model_path: str, slots: int, context_length: int | None = None,
@@ -206,7 +214,7 @@ def main(argv):
   print(f"simulated: {config.workers} rollout workers × {config.slots} slots, "
         f"{config.train_gpus} train devices, {type(config.training).__name__}, "
         f"B={config.batch_prompts}×n={config.group_size}, lengths {config.lengths}")
-  for what in ("samples_per_s", "train_s", "wait_data_s"):
+  for what in ("samples_per_s", "train_s", "wait_data_s", "staleness_mean"):
     p, m = report[f"predicted_{what}"], report[f"measured_{what}"]
     print(f"{what:>15}: predicted {p:10.4g}   measured {m:10.4g}")
   print(f"sim_error_vs_measured: {report['error']:.4f}")
