@@ -44,6 +44,7 @@ flags.DEFINE_string("workdir", None, "Run directory (metrics, checkpoints, versi
 flags.DEFINE_integer("seed", None, "Seed.")
 flags.DEFINE_integer("checkpoint_every", None, "Checkpoint period in steps (0: at the end).")
 flags.DEFINE_bool("plot", None, "Write PNG plots at the end.")
+flags.DEFINE_integer("eval_every", None, "Steps between exact expected-accuracy evaluations.")
 flags.DEFINE_bool("progress", True, "Show a progress bar.")
 
 FLAGS = flags.FLAGS
@@ -68,7 +69,7 @@ def apply_flags(config: RunConfig) -> RunConfig:
   """The config with every flag given on the command line applied (validated on construction)."""
   top, rollout, resources, train = {}, {}, {}, {}
   for name in ("mode", "async_ratio", "steps", "batch_size", "group_size", "dynamic_filter",
-               "mesh", "model_path", "workdir", "seed", "checkpoint_every", "plot"):
+               "mesh", "model_path", "workdir", "seed", "checkpoint_every", "plot", "eval_every"):
     if _given(name):
       top[name] = FLAGS[name].value
   if _given("mode") and FLAGS.mode == "sync" and not _given("async_ratio"):

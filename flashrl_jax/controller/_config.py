@@ -133,6 +133,8 @@ class RunConfig:
   keep_checkpoints: int = 2
   keep_versions: int = 4
   plot: bool = True
+  eval_every: int = 5  # steps between exact expected-accuracy evaluations (exact-match tasks); 0 = off
+  eval_samples: int = 256
 
   def __post_init__(self):
     object.__setattr__(self, "mode", _enum(Mode, self.mode))

@@ -41,6 +41,8 @@ class LoopContext:
   logger: MetricsLogger
   save_checkpoint: Callable[[int, list[int]], dict[str, float]]
   on_step: Callable[[dict[str, Any]], None] = lambda record: None
+  evaluate: Callable[[], float] | None = None  # exact expected accuracy of the current policy
+  initial_eval: float | None = None  # the same, before the first update (logged with step 1)
   start_step: int = 0
   published_version: int = 0
   counters: dict[str, int] = dataclasses.field(default_factory=lambda: {
@@ -91,6 +93,11 @@ async def _train_and_publish(ctx: LoopContext, groups: list[Group], step: int,
   }
   ckpt = ctx.save_checkpoint(step + 1, [])
   record.update(ckpt)
+  if ctx.evaluate is not None and cfg.eval_every and (
+      (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+    record["eval/expected_accuracy"] = await asyncio.to_thread(ctx.evaluate)
+  if step == 0 and ctx.initial_eval is not None:
+    record["eval/initial_expected_accuracy"] = ctx.initial_eval
   ctx.logger.log(record)
   ctx.on_step(record)
 

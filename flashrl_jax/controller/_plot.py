@@ -26,6 +26,10 @@ def plot_run(workdir: str, window: int = 11) -> list[str]:
   records = read_metrics(workdir)
   if not records:
     raise ValueError(f"{workdir}/metrics.jsonl has no records.")
+  evals = [(0, r["eval/initial_expected_accuracy"]) for r in records
+           if "eval/initial_expected_accuracy" in r]
+  evals += [(r["step"], r["eval/expected_accuracy"]) for r in records
+            if "eval/expected_accuracy" in r]
   steps = [r["step"] for r in records]
   paths = []
 
@@ -40,6 +44,8 @@ def plot_run(workdir: str, window: int = 11) -> list[str]:
   reward = [r["reward_mean"] for r in records]
   ax.plot(steps, reward, alpha=0.35, label="reward (per step)")
   ax.plot(steps, moving_average(reward, window), label=f"reward ({window}-step avg)")
+  if evals:
+    ax.plot(*zip(*evals), "o-", label="P(correct) on held-out prompts (exact)")
   ax.set_xlabel("training step")
   ax.set_ylabel("mean reward")
   ax.set_title(f"{records[-1].get('mode', '')} α={records[-1].get('async_ratio', '')}")

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from flashrl_jax import envs
 from flashrl_jax.controller._config import Mode, RolloutBackend, RunConfig
 from flashrl_jax.controller._group_runner import GroupRunner
+from flashrl_jax.controller._eval import expected_accuracy
 from flashrl_jax.controller._handoff import export_current
 from flashrl_jax.controller._loops import LoopContext, run_async, run_sync
 from flashrl_jax.controller._metrics import MetricsLogger, read_metrics
@@ -151,6 +152,12 @@ def _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step) -
   sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature,
                             top_p=r.top_p, stop_token_ids=tuple(sorted(set(eos))))
   reward_fn = envs.make_reward_fn(envs.RewardConfig(kind=config.task.reward))
+  evaluate = None
+  if config.task.synthetic is not None and config.task.reward is envs.RewardKind.EXACT_MATCH:
+    eval_set = envs.generate_synthetic(config.task.synthetic, config.eval_samples,
+                                       seed=config.task.seed + 1_000_003)
+    evaluate = lambda: expected_accuracy(trainer.model(), tokenizer, eval_set,
+                                         config.rollout.temperature)
 
   def save_checkpoint(step: int, pending: list[int]) -> dict[str, float]:
     due = step == config.steps or (config.checkpoint_every and step % config.checkpoint_every == 0)
@@ -175,12 +182,14 @@ def _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step) -
       ctx = LoopContext(config=config, trainer=trainer, client=client, runner=runner,
                         source=source, store=store, logger=logger,
                         save_checkpoint=save_checkpoint, on_step=on_step or (lambda rec: None),
-                        start_step=start_step, published_version=trainer.policy_version)
+                        start_step=start_step, published_version=trainer.policy_version,
+                        evaluate=evaluate, initial_eval=initial_eval)
       ctx.counters.update(counters_restored)
       loop = run_async if config.mode is Mode.ASYNC else run_sync
       await loop(ctx)
 
   ctx: LoopContext | None = None
+  initial_eval = evaluate() if evaluate is not None and start_step == 0 else None
   start = time.perf_counter()
   try:
     asyncio.run(main())

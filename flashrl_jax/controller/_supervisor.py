@@ -1,0 +1,238 @@
+"""Keeps the rollout fleet whole: restarts dead or hung servers, and brings them back on the right weights.
+
+The client already survives a server going away: its requests are retried on the others and the
+server leaves rotation. What the client cannot do is start a process, or know which weights a
+returning server must serve: a restarted server comes up on the initial checkpoint, and if it
+rejoined as soon as `/health` answered, requests would run on stale weights. So the supervisor
+takes a failed server out of the client (out of rotation *and* out of weight publishes), restarts it
+when it is one of ours (`LocalServers`) or waits for it to answer again when it is external, makes it
+load the policy version the others serve, and only then adds it back. Publishes and rejoins hold
+one lock, so a server never misses a version in between. A weight publish that fails on some
+servers goes on with the others and hands the failed ones to the same recovery path, instead of
+crashing the run and leaving the rest paused.
+
+A server counts as failed when its process exits, when the client has marked it down for longer
+than `unhealthy_grace_s`, or when `hang_failures` of its requests in a row failed (timeouts,
+connection errors) with no success in between, which is how a server that answers `/health` but
+never finishes a generation shows.
+
+`record_pids` / `reap_orphans`: server processes run in their own sessions, so a controller killed
+with SIGKILL leaves them behind; the next run with the same workdir kills them before starting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import signal
+import time
+from typing import Callable
+
+from flashrl_jax.controller._handoff import export_current
+from flashrl_jax.rollout._client import RolloutClient
+from flashrl_jax.rollout._local import LocalServers
+from flashrl_jax.rollout._protocol import PauseMode
+from flashrl_jax.rollout._servers import ServerOpError
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class SupervisorConfig:
+  poll_s: float = 0.5
+  hang_failures: int = 2  # failed requests in a row, none succeeding, before a restart
+  unhealthy_grace_s: float = 30.0  # marked down by the client this long: restart / re-admit
+  rejoin_poll_s: float = 1.0  # how often an external server that left is probed
+
+
+@dataclasses.dataclass
+class _Watch:
+  ok: int = 0
+  bad: int = 0
+  bad_since_ok: int = 0
+  down_since: float | None = None
+
+
+class Supervisor:
+  """Use `async with Supervisor(...)` inside the client's `async with`."""
+
+  def __init__(self, client: RolloutClient, *, servers: LocalServers | None,
+               current_version: Callable[[], tuple[str, int]], counters: dict[str, int],
+               config: SupervisorConfig = SupervisorConfig(), pid_file: str | None = None):
+    self.client, self.servers, self.config = client, servers, config
+    self.current_version = current_version  # (exported path, version) the fleet must serve
+    self.counters = counters
+    self.counters.setdefault("server_restarts", 0)
+    self.counters.setdefault("server_failures", 0)
+    self.pid_file = pid_file
+    self.lock = asyncio.Lock()  # publishes and rejoins
+    self._recovering: dict[str, asyncio.Task] = {}
+    self._watch: dict[str, _Watch] = {}
+    self._task: asyncio.Task | None = None
+
+  async def __aenter__(self) -> Supervisor:
+    self._task = asyncio.create_task(self._run())
+    return self
+
+  async def __aexit__(self, *exc) -> None:
+    tasks = [t for t in [self._task, *self._recovering.values()] if t is not None]
+    for task in tasks:
+      task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+  @property
+  def recovering(self) -> list[str]:
+    return sorted(self._recovering)
+
+  # --- weight publishes that tolerate failed servers ---------------------------------------------
+
+  async def publish(self, trainer, store, pause_mode: PauseMode, *,
+                    keep_versions: int) -> dict[str, float]:
+    """Export, then pause -> load -> continue on every server in rotation; failures recover."""
+    async with self.lock:
+      version = trainer.policy_version
+      t0 = time.perf_counter()
+      path = await asyncio.to_thread(export_current, trainer, store)
+      t1 = time.perf_counter()
+      urls = await self._tolerant(lambda u: self.client.pause(pause_mode, urls=u), self.client.urls)
+      t2 = time.perf_counter()
+      try:
+        urls = await self._tolerant(
+            lambda u: self.client.update_weights_from_disk(path, str(version), urls=u), urls)
+      finally:
+        t3 = time.perf_counter()
+        await self._tolerant(lambda u: self.client.continue_generation(urls=u), self.client.urls)
+      t4 = time.perf_counter()
+    store.gc(keep_last=keep_versions)
+    return {"time/export_s": t1 - t0, "time/pause_s": t2 - t1, "time/load_s": t3 - t2,
+            "time/resume_s": t4 - t3}
+
+  async def _tolerant(self, op, urls: list[str]) -> list[str]:
+    """Runs a fan-out op on `urls`; servers it fails on go to recovery. Returns those it worked on."""
+    while True:
+      try:
+        await op(list(urls))
+        return list(urls)
+      except ServerOpError as error:
+        for url, why in error.failures.items():
+          self._fail(url, f"{error.op} failed: {why}")
+        urls = [u for u in urls if u not in error.failures]  # again, so the op's state is set
+
+  # --- watching ----------------------------------------------------------------------------------
+
+  async def _run(self) -> None:
+    while True:
+      await asyncio.sleep(self.config.poll_s)
+      try:
+        self._check()
+      except Exception:  # noqa: BLE001 - the watcher must outlive any one bad check
+        log.exception("supervisor check failed")
+
+  def _check(self) -> None:
+    now = time.monotonic()
+    if self.servers is not None:
+      for i, url in enumerate(self.servers.urls):
+        if url not in self._recovering and self.servers.pid(i) is None:
+          self._fail(url, "process exited")
+    for s in self.client.stats().servers:
+      if s.url in self._recovering:
+        continue
+      w = self._watch.setdefault(s.url, _Watch())
+      bad = s.num_failures - s.num_malformed  # a malformed answer is not a sick server
+      ok = s.num_requests - s.num_failures - s.in_flight
+      if ok > w.ok:
+        w.bad_since_ok = 0
+      w.bad_since_ok += max(bad - w.bad, 0)
+      w.ok, w.bad = ok, bad
+      w.down_since = None if s.healthy else (w.down_since or now)
+      if w.bad_since_ok >= self.config.hang_failures:
+        self._fail(s.url, f"{w.bad_since_ok} requests in a row failed")
+      elif w.down_since is not None and now - w.down_since > self.config.unhealthy_grace_s:
+        self._fail(s.url, f"down for {now - w.down_since:.0f}s")
+
+  def _fail(self, url: str, why: str) -> None:
+    if url in self._recovering:
+      return
+    log.warning("rollout server %s failed (%s): out of rotation until it is back", url, why)
+    self.counters["server_failures"] += 1
+    self.client.remove_server(url)
+    self._watch.pop(url, None)
+    self._recovering[url] = asyncio.create_task(self._recover(url))
+
+  async def _recover(self, url: str) -> None:
+    try:
+      while True:
+        try:
+          await self._bring_back(url)
+          return
+        except asyncio.CancelledError:
+          raise
+        except Exception as error:  # noqa: BLE001 - keep trying; the run goes on without it
+          log.error("could not bring %s back (%s); retrying", url, error)
+          await asyncio.sleep(self.config.rejoin_poll_s)
+    finally:
+      self._recovering.pop(url, None)
+
+  async def _bring_back(self, url: str) -> None:
+    local = self.servers is not None and url in self.servers.urls
+    if local:
+      i = self.servers.urls.index(url)
+      await asyncio.to_thread(self.servers.restart, i)
+      self.counters["server_restarts"] += 1
+      if self.pid_file:
+        record_pids(self.pid_file, self.servers)
+      log.info("restarted rollout server %d at %s", i, url)
+    # An external server is simply asked to load the weights until it can (`_recover` retries).
+    async with self.lock:  # no publish in between: the version loaded is the one served
+      path, version = self.current_version()
+      await self.client.update_weights_from_disk(path, str(version), urls=[url])
+      self.client.add_server(url)
+    log.info("rollout server %s rejoined at policy version %d", url, version)
+
+
+# --- orphaned server processes of a killed controller ----------------------------------------------
+
+def record_pids(path: str, servers: LocalServers) -> None:
+  """Writes `[{pid, url}]` of the running servers (atomically), for `reap_orphans`."""
+  entries = [{"pid": servers.pid(i), "url": url} for i, url in enumerate(servers.urls)
+             if servers.pid(i) is not None]
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(entries, f)
+  os.replace(tmp, path)
+
+
+def reap_orphans(path: str) -> list[int]:
+  """SIGKILLs the server process groups a previous controller recorded and left running.
+
+  A pid is only killed if its command line still carries the recorded port, so a recycled pid that
+  now belongs to some other program is left alone. Returns the pids killed.
+  """
+  if not os.path.exists(path):
+    return []
+  try:
+    with open(path) as f:
+      entries = json.load(f)
+  except (OSError, ValueError):
+    return []
+  killed = []
+  for entry in entries:
+    pid, port = int(entry["pid"]), entry["url"].rsplit(":", 1)[-1]
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+      continue
+    if f"--port={port}" not in cmdline:
+      continue
+    try:
+      os.killpg(pid, signal.SIGKILL)
+      killed.append(pid)
+      log.warning("killed rollout server %d (%s) left behind by a previous run", pid, entry["url"])
+    except (ProcessLookupError, PermissionError):
+      pass
+  os.remove(path)
+  return killed
