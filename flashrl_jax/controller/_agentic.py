@@ -19,6 +19,7 @@ rest are cancelled and counted. Same episode code, same servers, same resources.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Awaitable, Callable
@@ -28,11 +29,13 @@ import numpy as np
 from flashrl_jax import envs
 from flashrl_jax.controller._agentic_config import AgenticConfig, DropCause
 from flashrl_jax.controller._agentic_episode import (AgenticStats, Episode, EpisodeDeps,
-                                                     EpisodeDropped)
+                                                     EpisodeDropped, env_factory)
+from flashrl_jax.controller._config import Mode
 from flashrl_jax.controller._loops import LoopContext, _train_and_publish
 from flashrl_jax.controller._samples import Group, Response
 from flashrl_jax.controller._source import PromptSource
 from flashrl_jax.rollout._client import RequestRejected
+from flashrl_jax.rollout._protocol import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -248,3 +251,19 @@ async def run_agentic_sync(ctx: LoopContext) -> None:
                                            ctx.counters)
     times["time/wait_data_s"] = time.perf_counter() - step_start
     await _train_and_publish(ctx, groups, step, times, step_start)
+
+
+def make_env_runner(config, client, tokenizer, sampling: SamplingParams,
+                    published_version: Callable[[], int]) -> EnvGroupRunner:
+  """The runner of an environment task (`config.task.env`), from the run's typed config."""
+  agentic, batch = config.agentic, config.train.batch
+  deps = EpisodeDeps(
+      client=client, tokenizer=tokenizer,
+      sampling=dataclasses.replace(sampling, max_new_tokens=agentic.turn_max_new_tokens),
+      make_env=env_factory(config.task.env), published_version=published_version,
+      stats=AgenticStats(), row_length=batch.row_length,
+      max_response_length=batch.max_response_length, step_timeout_s=agentic.env_step_timeout_s)
+  is_async = config.mode is Mode.ASYNC
+  return EnvGroupRunner(deps, agentic, group_size=config.group_size, task_seed=config.task.seed,
+                        concurrent_groups=agentic.groups(config.batch_size, config.async_ratio,
+                                                         is_async))

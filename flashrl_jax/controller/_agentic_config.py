@@ -71,7 +71,7 @@ class AgenticConfig:
     return self.max_episodes_per_group or 2 * self.candidates(group_size)
 
   def validate(self, batch_size: int, group_size: int) -> None:
-    """Redundancy may only add: fewer groups or candidates than a step trains would never fill it."""
+    """Redundancy only adds: fewer groups or candidates than a step trains could never fill it."""
     if self.num_env_groups and self.num_env_groups < batch_size:
       raise ValueError(f"num_env_groups={self.num_env_groups} < batch_size={batch_size}: a step "
                        "could never be filled.")

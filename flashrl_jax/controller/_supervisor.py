@@ -1,15 +1,15 @@
-"""Keeps the rollout fleet whole: restarts dead or hung servers, and brings them back on the right weights.
+"""Keeps the rollout fleet whole: restarts dead or hung servers, back on the right weights.
 
 The client already survives a server going away: its requests are retried on the others and the
 server leaves rotation. What the client cannot do is start a process, or know which weights a
 returning server must serve: a restarted server comes up on the initial checkpoint, and if it
 rejoined as soon as `/health` answered, requests would run on stale weights. So the supervisor
-takes a failed server out of the client (out of rotation *and* out of weight publishes), restarts it
-when it is one of ours (`LocalServers`) or waits for it to answer again when it is external, makes it
-load the policy version the others serve, and only then adds it back. Publishes and rejoins hold
-one lock, so a server never misses a version in between. A weight publish that fails on some
-servers goes on with the others and hands the failed ones to the same recovery path, instead of
-crashing the run and leaving the rest paused.
+takes a failed server out of the client (out of rotation *and* out of weight publishes), restarts
+it when it is one of ours (`LocalServers`) or retries until it answers when it is external,
+makes it load the policy version the others serve, and only then adds it back. Publishes and
+rejoins hold one lock, so a server never misses a version in between. A weight publish that fails
+on some servers goes on with the others and hands the failed ones to the same recovery path,
+instead of crashing the run and leaving the rest paused.
 
 A server counts as failed when its process exits, when the client has marked it down for longer
 than `unhealthy_grace_s`, or when `hang_failures` of its requests in a row failed (timeouts,
@@ -111,7 +111,7 @@ class Supervisor:
             "time/resume_s": t4 - t3}
 
   async def _tolerant(self, op, urls: list[str]) -> list[str]:
-    """Runs a fan-out op on `urls`; servers it fails on go to recovery. Returns those it worked on."""
+    """Runs a fan-out op on `urls`; failed servers go to recovery. Returns those it worked on."""
     while True:
       try:
         await op(list(urls))
@@ -193,7 +193,7 @@ class Supervisor:
     log.info("rollout server %s rejoined at policy version %d", url, version)
 
 
-# --- orphaned server processes of a killed controller ----------------------------------------------
+# --- orphaned server processes of a killed controller --------------------------------------------
 
 def record_pids(path: str, servers: LocalServers) -> None:
   """Writes `[{pid, url}]` of the running servers (atomically), for `reap_orphans`."""
