@@ -24,7 +24,8 @@ flags.DEFINE_enum("mode", None, ["sync", "async"], "sync baseline or async (ROLL
 flags.DEFINE_integer("async_ratio", None, "α: max policy versions a sample may lag (async).")
 flags.DEFINE_enum("loss", None, ["ppo", "decoupled_ppo", "tis", "cispo", "topr", "grpo"],
                   "Policy loss.")
-flags.DEFINE_enum("rollout", None, ["embedded", "sglang"], "Rollout backend.")
+flags.DEFINE_enum("rollout", None, ["embedded", "sglang", "stub"],
+                  "Rollout backend (stub: fake-model protocol servers, for fault drills).")
 flags.DEFINE_integer("num_rollout_servers", None, "Local servers (embedded backend).")
 flags.DEFINE_list("sglang_urls", None, "SGLang-compatible server URLs (--rollout=sglang).")
 flags.DEFINE_enum("pause_mode", None, ["abort", "in_place", "retract"],
@@ -45,6 +46,11 @@ flags.DEFINE_integer("seed", None, "Seed.")
 flags.DEFINE_integer("checkpoint_every", None, "Checkpoint period in steps (0: at the end).")
 flags.DEFINE_bool("plot", None, "Write PNG plots at the end.")
 flags.DEFINE_integer("eval_every", None, "Steps between exact expected-accuracy evaluations.")
+flags.DEFINE_integer("num_env_groups", None, "Agentic: env groups at once (redundant: > B).")
+flags.DEFINE_integer("env_group_size", None, "Agentic: candidates per group (> n: redundant).")
+flags.DEFINE_integer("turn_max_new_tokens", None, "Agentic: tokens per model turn.")
+flags.DEFINE_float("env_fail_slow_prob", None, "Agentic: P(an env step takes 10x its latency).")
+flags.DEFINE_float("env_fail_stop_prob", None, "Agentic: P(an env step raises).")
 flags.DEFINE_bool("progress", True, "Show a progress bar.")
 
 FLAGS = flags.FLAGS
@@ -67,7 +73,7 @@ def _given(name: str) -> bool:
 
 def apply_flags(config: RunConfig) -> RunConfig:
   """The config with every flag given on the command line applied (validated on construction)."""
-  top, rollout, resources, train = {}, {}, {}, {}
+  top, rollout, resources, train, agentic, failure = {}, {}, {}, {}, {}, {}
   for name in ("mode", "async_ratio", "steps", "batch_size", "group_size", "dynamic_filter",
                "mesh", "model_path", "workdir", "seed", "checkpoint_every", "plot", "eval_every"):
     if _given(name):
@@ -86,6 +92,14 @@ def apply_flags(config: RunConfig) -> RunConfig:
       resources[flag] = FLAGS[flag].value
   if _given("loss"):
     train["loss"] = dataclasses.replace(config.train.loss, name=FLAGS.loss)
+  for flag in ("num_env_groups", "env_group_size", "turn_max_new_tokens"):
+    if _given(flag):
+      agentic[flag] = FLAGS[flag].value
+  for flag, field in (("env_fail_slow_prob", "slow_prob"), ("env_fail_stop_prob", "stop_prob")):
+    if _given(flag):
+      failure[field] = FLAGS[flag].value
+  if failure and config.task.env is None:
+    raise app.UsageError("--env_fail_* flags need an environment task (e.g. configs/agentic.py).")
   if _given("learning_rate"):
     train["optimizer"] = dataclasses.replace(config.train.optimizer,
                                              learning_rate=FLAGS.learning_rate)
@@ -96,6 +110,12 @@ def apply_flags(config: RunConfig) -> RunConfig:
       top["resources"] = dataclasses.replace(config.resources, **resources)
     if train:
       top["train"] = dataclasses.replace(config.train, **train)
+    if agentic:
+      top["agentic"] = dataclasses.replace(config.agentic, **agentic)
+    if failure:
+      env = config.task.env
+      env = dataclasses.replace(env, failure=dataclasses.replace(env.failure, **failure))
+      top["task"] = dataclasses.replace(config.task, env=env)
     return dataclasses.replace(config, **top)
   except ValueError as error:
     raise app.UsageError(str(error)) from None

@@ -11,6 +11,7 @@ import enum
 import os
 
 from flashrl_jax import envs
+from flashrl_jax.controller._agentic_config import AgenticConfig
 from flashrl_jax.rollout._protocol import PauseMode
 from flashrl_jax.trainer import TrainConfig
 
@@ -23,6 +24,7 @@ class Mode(enum.Enum):
 class RolloutBackend(enum.Enum):
   EMBEDDED = "embedded"  # our JAX engine, started as local server processes
   SGLANG = "sglang"      # external SGLang-compatible servers at `sglang_urls`
+  STUB = "stub"          # the protocol stub (fake model), local processes: fault drills
 
 
 def _enum(cls, value):
@@ -54,7 +56,7 @@ class RolloutConfig:
     object.__setattr__(self, "sglang_urls", tuple(u for u in self.sglang_urls if u))
     if self.backend is RolloutBackend.SGLANG and not self.sglang_urls:
       raise ValueError("--rollout=sglang needs --sglang_urls (comma-separated server URLs).")
-    if self.backend is RolloutBackend.EMBEDDED and self.sglang_urls:
+    if self.backend is not RolloutBackend.SGLANG and self.sglang_urls:
       raise ValueError("--sglang_urls is only used with --rollout=sglang.")
     if self.num_servers < 1 or self.max_running_requests < 1 or self.max_new_tokens < 1:
       raise ValueError("num_servers, max_running_requests and max_new_tokens must be >= 1.")
@@ -98,17 +100,22 @@ class ResourceConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
-  """Where prompts come from, and how responses are rewarded."""
+  """Where prompts come from, and how responses are rewarded.
+
+  `env` makes it a multi-turn environment task: prompt `i` is the level with seed `(seed, i)`, an
+  episode's reward comes from the environment, and `reward` is unused.
+  """
 
   synthetic: envs.SyntheticConfig | None = None
   dataset_path: str | None = None
+  env: envs.EnvConfig | None = None
   reward: envs.RewardKind = envs.RewardKind.EXACT_MATCH
   seed: int = 0
 
   def __post_init__(self):
     object.__setattr__(self, "reward", _enum(envs.RewardKind, self.reward))
-    if (self.synthetic is None) == (self.dataset_path is None):
-      raise ValueError("TaskConfig needs exactly one of `synthetic` or `dataset_path`.")
+    if sum(x is not None for x in (self.synthetic, self.dataset_path, self.env)) != 1:
+      raise ValueError("TaskConfig needs exactly one of `synthetic`, `dataset_path` or `env`.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +130,7 @@ class RunConfig:
   resources: ResourceConfig = dataclasses.field(default_factory=ResourceConfig)
   mode: Mode = Mode.ASYNC
   async_ratio: int = 2
+  agentic: AgenticConfig = dataclasses.field(default_factory=AgenticConfig)  # with `task.env`
   steps: int = 20
   batch_size: int = 8  # B: prompt groups per training step
   group_size: int = 4  # n: responses per prompt (prompt replication)
@@ -150,6 +158,7 @@ class RunConfig:
                        f"{self.rollout.temperature}: behaviour log-probs would not be comparable.")
     if not self.model_path:
       raise ValueError("model_path is required (an HF directory).")
+    self.agentic.validate(self.batch_size, self.group_size)
 
   @property
   def samples_per_step(self) -> int:

@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import numpy as np
 
@@ -43,6 +43,9 @@ class LoopContext:
   on_step: Callable[[dict[str, Any]], None] = lambda record: None
   evaluate: Callable[[], float] | None = None  # exact expected accuracy of the current policy
   initial_eval: float | None = None  # the same, before the first update (logged with step 1)
+  # Weight handoff after each update; None: `publish_version` to every server (no supervisor).
+  publish: Callable[[], Awaitable[dict[str, float]]] | None = None
+  extra_metrics: Callable[[], dict[str, Any]] = dict  # merged into every step record
   start_step: int = 0
   published_version: int = 0
   counters: dict[str, int] = dataclasses.field(default_factory=lambda: {
@@ -60,7 +63,8 @@ def to_trajectories(groups: list[Group]) -> list[Trajectory]:
           response_ids=np.asarray(r.output_ids, np.int32),
           behavior_logp=np.asarray(r.behavior_logp, np.float32), reward=float(r.reward),
           group_id=g.prompt_index, behavior_version=np.asarray(r.token_versions, np.int32),
-          start_version=r.start_version))
+          start_version=r.start_version,
+          response_mask=None if r.response_mask is None else np.asarray(r.response_mask, bool)))
   return out
 
 
@@ -72,8 +76,11 @@ async def _train_and_publish(ctx: LoopContext, groups: list[Group], step: int,
   t0 = time.perf_counter()
   train_metrics = await asyncio.to_thread(ctx.trainer.update, to_trajectories(groups))
   t1 = time.perf_counter()
-  handoff = await publish_version(ctx.trainer, ctx.store, ctx.client, cfg.rollout.pause_mode,
-                                  keep_versions=cfg.keep_versions)
+  if ctx.publish is not None:
+    handoff = await ctx.publish()
+  else:
+    handoff = await publish_version(ctx.trainer, ctx.store, ctx.client, cfg.rollout.pause_mode,
+                                    keep_versions=cfg.keep_versions)
   ctx.published_version = ctx.trainer.policy_version
   ctx.counters["samples_trained"] += sample_metrics["num_samples"]
   ctx.trained_sample_ids.extend(r.sample_id for g in groups for r in g.responses)
@@ -88,7 +95,7 @@ async def _train_and_publish(ctx: LoopContext, groups: list[Group], step: int,
       "samples_per_s": sample_metrics["num_samples"] / max(wall, 1e-9),
       "server_busy_s": busy, "client_retries": stats.num_retries,
       "client_malformed": stats.num_malformed, "client_continuations": stats.num_continuations,
-      **{f"total/{k}": v for k, v in ctx.counters.items()},
+      **ctx.extra_metrics(), **{f"total/{k}": v for k, v in ctx.counters.items()},
       "sample_ids": [r.sample_id for g in groups for r in g.responses],
   }
   ckpt = ctx.save_checkpoint(step + 1, [])

@@ -16,10 +16,12 @@ import enum
 import json
 import logging
 import os
+import sys
 import time
 from typing import Any, Callable
 
 from flashrl_jax import envs
+from flashrl_jax.controller._agentic import make_env_runner, run_agentic_sync
 from flashrl_jax.controller._config import Mode, RolloutBackend, RunConfig
 from flashrl_jax.controller._group_runner import GroupRunner
 from flashrl_jax.controller._eval import expected_accuracy
@@ -27,7 +29,9 @@ from flashrl_jax.controller._handoff import export_current
 from flashrl_jax.controller._loops import LoopContext, run_async, run_sync
 from flashrl_jax.controller._metrics import MetricsLogger, read_metrics
 from flashrl_jax.controller._source import PromptSource
+from flashrl_jax.controller._supervisor import Supervisor, reap_orphans, record_pids
 from flashrl_jax.model import load_tokenizer, read_config
+from flashrl_jax.rollout import _stub
 from flashrl_jax.rollout._client import RolloutClient
 from flashrl_jax.rollout._local import LocalServers, split_cpus
 from flashrl_jax.rollout._protocol import SamplingParams
@@ -50,6 +54,8 @@ def config_to_json(config: Any) -> Any:
 
 def _prompt_source(config: RunConfig) -> PromptSource:
   task = config.task
+  if task.env is not None:  # the prompt index is the level seed: the source only numbers episodes
+    return PromptSource(samples=[envs.Sample(prompt="", answer="", id="env")], seed=task.seed)
   if task.synthetic is not None:
     return PromptSource(synthetic=task.synthetic, seed=task.seed)
   loaded = envs.load_dataset(task.dataset_path)
@@ -79,7 +85,8 @@ class RunSummary:
   workdir: str
 
 
-def _start_servers(config: RunConfig, cores: list[int], log_dir: str) -> LocalServers:
+def _start_servers(config: RunConfig, cores: list[int], log_dir: str,
+                   vocab_size: int) -> LocalServers:
   r = config.rollout
   per_server = None
   if config.resources.platform == "cpu":
@@ -92,8 +99,13 @@ def _start_servers(config: RunConfig, cores: list[int], log_dir: str) -> LocalSe
   # A trajectory must fit one packed training row, so that is the servers' context too.
   extra = (f"--max_running_requests={r.max_running_requests}",
            f"--context_length={config.train.batch.row_length}", "--weight_version=0")
+  command = None
+  if r.backend is RolloutBackend.STUB:  # run as a script: no JAX import, starts in a blink
+    command = (sys.executable, _stub.__file__)
+    extra = (f"--max_running_requests={r.max_running_requests}", f"--vocab_size={vocab_size}",
+             "--weight_version=0")
   return LocalServers.start(config.model_path, r.num_servers, cpu_sets=per_server, gpu_ids=gpu_ids,
-                            tpu_ids=tpu_ids, extra_args=extra, log_dir=log_dir)
+                            tpu_ids=tpu_ids, extra_args=extra, log_dir=log_dir, command=command)
 
 
 def run(config: RunConfig, *, on_step: Callable[[dict], None] | None = None) -> RunSummary:
@@ -110,21 +122,28 @@ def run(config: RunConfig, *, on_step: Callable[[dict], None] | None = None) -> 
   else:
     rollout_cores = train_cores = cores
   servers = None
-  if config.rollout.backend is RolloutBackend.EMBEDDED:
-    servers = _start_servers(config, rollout_cores, os.path.join(workdir, "server_logs"))
+  pid_file = os.path.join(workdir, "server_pids.json")
+  reap_orphans(pid_file)  # servers of a previous controller killed with SIGKILL
+  if config.rollout.backend is not RolloutBackend.SGLANG:
+    servers = _start_servers(config, rollout_cores, os.path.join(workdir, "server_logs"),
+                             model_config.vocab_size)
+    record_pids(pid_file, servers)
     urls = servers.urls
   else:
     urls = list(config.rollout.sglang_urls)
   try:
     if config.resources.platform == "cpu":
       os.sched_setaffinity(0, train_cores)  # before JAX starts its thread pool
-    return _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step)
+    return _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step, servers)
   finally:
     if servers is not None:
       servers.stop()
+      if os.path.exists(pid_file):
+        os.remove(pid_file)
 
 
-def _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step) -> RunSummary:
+def _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step,
+                      servers: LocalServers | None = None) -> RunSummary:
   mesh = make_mesh(MeshConfig.parse(config.mesh))
   trainer = Trainer(model_config, config.train, mesh, seed=config.seed,
                     init_params=config.model_path)
@@ -177,16 +196,33 @@ def _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step) -
       # Servers start from whatever they loaded; make them serve exactly the trainer's version.
       path = await asyncio.to_thread(export_current, trainer, store)
       await client.update_weights_from_disk(path, str(trainer.policy_version))
-      runner = GroupRunner(client, reward_fn, tokenizer, sampling, config.group_size,
-                           lambda: ctx.published_version)
+      if config.task.env is not None:
+        runner = make_env_runner(config, client, tokenizer, sampling, lambda: ctx.published_version)
+      else:
+        runner = GroupRunner(client, reward_fn, tokenizer, sampling, config.group_size,
+                             lambda: ctx.published_version)
       ctx = LoopContext(config=config, trainer=trainer, client=client, runner=runner,
                         source=source, store=store, logger=logger,
                         save_checkpoint=save_checkpoint, on_step=on_step or (lambda rec: None),
                         start_step=start_step, published_version=trainer.policy_version,
                         evaluate=evaluate, initial_eval=initial_eval)
       ctx.counters.update(counters_restored)
-      loop = run_async if config.mode is Mode.ASYNC else run_sync
-      await loop(ctx)
+      if config.task.env is not None:
+        runner.stats.bind(ctx.counters)
+        ctx.extra_metrics = runner.stats.report
+      # Restarts dead or hung local servers; publishes skip (and recover) servers that fail.
+      supervisor = Supervisor(
+          client, servers=servers, counters=ctx.counters,
+          current_version=lambda: (store.path(ctx.published_version), ctx.published_version),
+          pid_file=os.path.join(workdir, "server_pids.json") if servers is not None else None)
+      ctx.publish = lambda: supervisor.publish(trainer, store, r.pause_mode,
+                                               keep_versions=config.keep_versions)
+      if config.mode is Mode.ASYNC:
+        loop = run_async
+      else:
+        loop = run_agentic_sync if config.task.env is not None else run_sync
+      async with supervisor:
+        await loop(ctx)
 
   ctx: LoopContext | None = None
   initial_eval = evaluate() if evaluate is not None and start_step == 0 else None

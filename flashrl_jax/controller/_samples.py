@@ -27,6 +27,7 @@ class Response:
   reward: float = 0.0
   reward_info: dict[str, Any] = dataclasses.field(default_factory=dict)
   generate_s: float = 0.0
+  response_mask: list[bool] | None = None  # False: env observation tokens (not trained)
 
 
 @dataclasses.dataclass
