@@ -3,6 +3,7 @@
 `run(RunConfig)` is the whole run; `experiments/train.py` is its absl front end.
 """
 
+from flashrl_jax.controller._agentic_config import AgenticConfig, DropCause
 from flashrl_jax.controller._buffer import SampleBuffer, StalenessBound, TakeResult
 from flashrl_jax.controller._config import (Mode, ResourceConfig, RolloutBackend, RolloutConfig,
                                             RunConfig, TaskConfig)
@@ -11,7 +12,7 @@ from flashrl_jax.controller._samples import Group, Response
 from flashrl_jax.controller._source import PromptSource
 
 __all__ = [
-    "Group", "MetricsLogger", "Mode", "PromptSource", "ResourceConfig", "Response",
+    "AgenticConfig", "DropCause", "Group", "MetricsLogger", "Mode", "PromptSource", "ResourceConfig", "Response",
     "RolloutBackend", "RolloutConfig", "RunConfig", "SampleBuffer", "StalenessBound",
     "TaskConfig", "TakeResult", "read_metrics", "run", "step_sample_metrics",
 ]
