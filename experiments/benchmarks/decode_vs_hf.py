@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 
@@ -66,12 +67,13 @@ def run_hf(path: str, prompts: np.ndarray, lengths: np.ndarray, batch: int) -> t
   import torch
   import transformers
   model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-  config = transformers.GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=0)
 
-  def gen(ids, n):
+  def gen(ids, n):  # no eos token in the config: every row runs exactly n steps
+    config = transformers.GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=0,
+                                           max_new_tokens=n)
     with torch.inference_mode():
       return model.generate(torch.as_tensor(ids), attention_mask=torch.ones(ids.shape, dtype=int),
-                            generation_config=config, max_new_tokens=n, min_new_tokens=n)
+                            generation_config=config)
   gen(prompts[:batch], 4)  # warm-up
   outputs = []
   start = time.perf_counter()
@@ -111,7 +113,9 @@ def main() -> None:
   useful = int(lengths.sum())
   with tempfile.TemporaryDirectory() as path:
     write_checkpoint(path, args)
+    print("running HF generate ...", file=sys.stderr, flush=True)
     hf_s, hf_out = run_hf(path, prompts, lengths, args.slots)
+    print(f"  {hf_s:.1f} s; running ours ...", file=sys.stderr, flush=True)
     ours_s, ours_out, ours_idle, compile_s = run_ours(path, prompts, lengths, args.slots)
   same = np.mean([a[:8] == b[:8] for a, b in zip(hf_out, ours_out)])
   print(f"model: Qwen3 hidden={args.hidden} layers={args.layers} vocab={args.vocab}, float32, "

@@ -15,63 +15,20 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import dataclasses
 import logging
 import threading
 import uuid
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
-import jax.numpy as jnp
 import numpy as np
 
 from flashrl_jax.model import load_tokenizer, read_config
+from flashrl_jax.rollout._config import EngineConfig, EngineStats
 from flashrl_jax.rollout._request import (FinishKind, FinishReason, Output, PauseMode, Request)
 from flashrl_jax.rollout._runner import Runner, rollout_mesh
 from flashrl_jax.rollout._sampling import MAX_STOP_IDS, Sampling
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineConfig:
-  """How one engine serves one model.
-
-  `context_length` bounds prompt + output per request (default: the model's
-  `max_position_embeddings`, at most 4096); it sizes the KV cache `[L, slots, context, K, H]`.
-  """
-
-  model_path: str
-  max_running_requests: int = 8
-  context_length: int | None = None
-  dtype: Any = jnp.float32
-  tp: int = 1
-  min_prefill_len: int = 16
-  max_prefill_batch: int = 4
-  prefill_token_budget: int = 4096
-  weight_version: str = "default"
-  seed: int = 0
-  tokenizer_path: str | None = None  # default: model_path when it holds a tokenizer.json
-
-  def __post_init__(self):
-    if self.max_running_requests < 1 or self.max_prefill_batch < 1 or self.tp < 1:
-      raise ValueError(f"max_running_requests, max_prefill_batch and tp must be >= 1: {self}")
-    if self.context_length is not None and self.context_length < 2:
-      raise ValueError(f"context_length must be >= 2, got {self.context_length}.")
-
-
-@dataclasses.dataclass
-class EngineStats:
-  """Counters for benchmarks and `/server_info` (slot-steps = slots x decode steps)."""
-
-  decode_steps: int = 0
-  busy_slot_steps: int = 0
-  prefill_calls: int = 0
-  prefill_tokens: int = 0
-  generated_tokens: int = 0
-
-  def idle_fraction(self, num_slots: int) -> float:
-    total = self.decode_steps * num_slots
-    return 1.0 - self.busy_slot_steps / total if total else 0.0
 
 
 class Engine:
@@ -277,6 +234,8 @@ class Engine:
       log.exception("rollout engine loop crashed")
       raise
     finally:
+      with self._cv:
+        self._stopping = True  # refuse new work: nothing would ever run it
       self._abort_everything("the engine shut down")
       with self._cv:
         for _, _, future in self._commands:

@@ -20,8 +20,9 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from flashrl_jax.model import Decoder, KVCache, ModelConfig, load_hf_state, no_shard, read_config
+from flashrl_jax.model import Decoder, ModelConfig, load_hf_state, no_shard, read_config
 from flashrl_jax.rollout._sampling import RowSampling, Sampling, sample
+from flashrl_jax.rollout._slot_cache import SlotCache
 
 # Rollout is tensor-parallel only: whole weight copies per replica, split over `tensor`.
 ROLLOUT_RULES: dict[str, str | None] = {
@@ -64,7 +65,7 @@ def param_shardings(abstract_state: nnx.State, mesh: Mesh,
 class SlotState:
   """Device state of all decode slots (donated through every step)."""
 
-  cache: KVCache  # [L, B, S, K, H]
+  cache: SlotCache  # L x [B, K, S, H]
   tokens: jax.Array  # [B] int32: each slot's last sampled token, the next decode input
   steps: jax.Array  # [B] int32: tokens generated so far (the sampler's per-request counter)
 
@@ -90,9 +91,8 @@ class Runner:
     self.shardings = param_shardings(self.abstract_state, self.mesh)
     self.params = self.load_params(model_path)
     c = self.config
-    spec = logical_spec((None, None, None, "kv_heads", None),
-                        (c.num_layers, num_slots, context_length, c.num_kv_heads, c.head_dim),
-                        self.mesh)
+    spec = logical_spec((None, "kv_heads", None, None),
+                        (num_slots, c.num_kv_heads, context_length, c.head_dim), self.mesh)
     self._cache_sharding = NamedSharding(self.mesh, spec)
     self._replicated = NamedSharding(self.mesh, P())
     self.state = self._zero_state()
@@ -124,12 +124,13 @@ class Runner:
     return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
   def _zero_state(self) -> SlotState:
-    c, b, s = self.config, self.num_slots, self.context_length
-    shape = (c.num_layers, b, s, c.num_kv_heads, c.head_dim)
-    zeros = lambda: jax.device_put(jnp.zeros(shape, self.dtype), self._cache_sharding)
+    c, b = self.config, self.num_slots
+    cache = SlotCache.zeros(num_layers=c.num_layers, batch_size=b, max_length=self.context_length,
+                            num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=self.dtype,
+                            place=lambda x: jax.device_put(x, self._cache_sharding
+                                                           if x.ndim == 4 else self._replicated))
     ints = lambda: jax.device_put(jnp.zeros((b,), jnp.int32), self._replicated)
-    return SlotState(cache=KVCache(k=zeros(), v=zeros(), lengths=ints()), tokens=ints(),
-                     steps=ints())
+    return SlotState(cache=cache, tokens=ints(), steps=ints())
 
   def reset(self) -> None:
     """Drops every slot's KV (all slots must be free)."""
@@ -182,9 +183,9 @@ class Runner:
   # --- jitted bodies -----------------------------------------------------------------------------
 
   def _constrain(self, state: SlotState) -> SlotState:
-    cache = state.cache.replace(
-        k=jax.lax.with_sharding_constraint(state.cache.k, self._cache_sharding),
-        v=jax.lax.with_sharding_constraint(state.cache.v, self._cache_sharding))
+    pin = lambda x: jax.lax.with_sharding_constraint(x, self._cache_sharding)
+    cache = state.cache.replace(ks=tuple(map(pin, state.cache.ks)),
+                                vs=tuple(map(pin, state.cache.vs)))
     return state.replace(cache=cache)
 
   def _prefill_impl(self, params: nnx.State, state: SlotState, tokens: jax.Array,
@@ -195,11 +196,8 @@ class Runner:
     hidden, fresh = model.extend(tokens, lengths, fresh)
     last = hidden[jnp.arange(g), jnp.maximum(lengths - 1, 0)]  # [G, D]
     new_tokens, logprobs = sample(model.logits(last), rows, steps)
-    c = state.cache
-    cache = KVCache(k=c.k.at[:, slots, :t].set(fresh.k.astype(c.k.dtype), mode="drop"),
-                    v=c.v.at[:, slots, :t].set(fresh.v.astype(c.v.dtype), mode="drop"),
-                    lengths=c.lengths.at[slots].set(lengths, mode="drop"))
-    state = SlotState(cache=cache, tokens=state.tokens.at[slots].set(new_tokens, mode="drop"),
+    state = SlotState(cache=state.cache.insert_prefill(fresh, slots),
+                      tokens=state.tokens.at[slots].set(new_tokens, mode="drop"),
                       steps=state.steps.at[slots].set(steps + 1, mode="drop"))
     return self._constrain(state), new_tokens, logprobs
 

@@ -1,0 +1,95 @@
+"""The decode slots' KV cache: one `[B, K, S, H]` array per layer, written row by row in place.
+
+Why not the model's `KVCache` (`[L, B, S, K, H]`, written with a scatter): on XLA:CPU that scatter
+becomes a loop fusion that rewrites the whole 5-D buffer for every layer of every decode step, and
+reading a layer back costs a transposing copy for attention; together they made decode time grow
+~3x from S=64 to S=544. Here each layer is its own buffer, each row's new token is a
+`dynamic_update_slice` (in place on a donated buffer), and the layout `[B, K, S, H]` is the one the
+attention dot wants, so the `[B, S, K, H]` view the decoder reads folds into it.
+
+`SlotCache` follows the cache protocol `Decoder.extend` uses (`write`, `k[layer]`, `v[layer]`,
+`lengths`, `max_length`, `replace`); it only supports one new token per row (decode). Prefill runs on a
+fresh model `KVCache` and is copied in with `insert_prefill`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from flashrl_jax.model import KVCache
+
+
+class _LayerView:
+  """`view[layer]` is that layer's cache as `[B, S, K, H]` (a transpose XLA folds into the
+  attention dot)."""
+
+  def __init__(self, layers: tuple[jax.Array, ...]):
+    self._layers = layers
+
+  def __getitem__(self, layer: int) -> jax.Array:
+    return jnp.swapaxes(self._layers[layer], 1, 2)
+
+
+def _write_row(buf: jax.Array, row: int, update: jax.Array, start: jax.Array,
+               keep_old: jax.Array) -> jax.Array:
+  """Writes `update` `[K, T, H]` into `buf[row, :, start:start+T]` unless `keep_old`."""
+  index = (row, 0, start, 0)
+  old = jax.lax.dynamic_slice(buf, index, (1, *update.shape))
+  new = jnp.where(keep_old, old, update[None].astype(buf.dtype))
+  return jax.lax.dynamic_update_slice(buf, new, index)
+
+
+@struct.dataclass
+class SlotCache:
+  ks: tuple[jax.Array, ...]  # L x [B, K, S, H]
+  vs: tuple[jax.Array, ...]  # L x [B, K, S, H]
+  lengths: jax.Array  # [B] int32
+
+  @classmethod
+  def zeros(cls, *, num_layers: int, batch_size: int, max_length: int, num_kv_heads: int,
+            head_dim: int, dtype, place=lambda x: x) -> "SlotCache":
+    shape = (batch_size, num_kv_heads, max_length, head_dim)
+    zeros = lambda: tuple(place(jnp.zeros(shape, dtype)) for _ in range(num_layers))
+    return cls(ks=zeros(), vs=zeros(), lengths=place(jnp.zeros((batch_size,), jnp.int32)))
+
+  @property
+  def max_length(self) -> int:
+    return self.ks[0].shape[2]
+
+  @property
+  def k(self) -> _LayerView:
+    return _LayerView(self.ks)
+
+  @property
+  def v(self) -> _LayerView:
+    return _LayerView(self.vs)
+
+  def write(self, layer: int, k_new: jax.Array, v_new: jax.Array, positions: jax.Array,
+            valid: jax.Array) -> "SlotCache":
+    """Writes one token per row (`k_new` `[B, 1, K, H]` at `positions` `[B, 1]`) where `valid`."""
+    if k_new.shape[1] != 1:
+      raise ValueError("SlotCache.write takes one token per row; prefill into a KVCache.")
+    k, v = self.ks[layer], self.vs[layer]
+    for b in range(k_new.shape[0]):
+      skip = ~valid[b, 0]
+      k = _write_row(k, b, jnp.swapaxes(k_new[b], 0, 1), positions[b, 0], skip)
+      v = _write_row(v, b, jnp.swapaxes(v_new[b], 0, 1), positions[b, 0], skip)
+    ks, vs = list(self.ks), list(self.vs)
+    ks[layer], vs[layer] = k, v
+    return self.replace(ks=tuple(ks), vs=tuple(vs))
+
+  def insert_prefill(self, fresh: KVCache, slots: jax.Array) -> "SlotCache":
+    """Copies row i of `fresh` (`[L, G, T, K, H]`, T <= S) to row `slots[i]`; slots >= B are dropped."""
+    b = self.lengths.shape[0]
+    ks, vs = list(self.ks), list(self.vs)
+    for i in range(fresh.k.shape[1]):
+      slot = slots[i]
+      dropped = slot >= b
+      row = jnp.minimum(slot, b - 1)
+      for layer in range(len(ks)):
+        ks[layer] = _write_row(ks[layer], row, jnp.swapaxes(fresh.k[layer, i], 0, 1), 0, dropped)
+        vs[layer] = _write_row(vs[layer], row, jnp.swapaxes(fresh.v[layer, i], 0, 1), 0, dropped)
+    lengths = self.lengths.at[slots].set(fresh.lengths, mode="drop")
+    return SlotCache(ks=tuple(ks), vs=tuple(vs), lengths=lengths)
