@@ -7,7 +7,8 @@ tool call the servers generate for the others. `EnvGroupRunner` has the interfac
 bound, sample buffer, admission rule and weight handoff, with staleness counted from an episode's
 first turn. Redundant env rollout: a group starts `env_group_size` >= n candidates on the same level
 and keeps the first n to finish; a dropped episode (the environment raised or timed out, the
-generation failed) is replaced by a fresh candidate; the rest are cancelled and counted. A group
+generation failed) is replaced by a fresh candidate, keeping the margin over n; the rest are
+cancelled and counted. A group
 that cannot be completed within `max_episodes_per_group` fails, and its prompt is re-issued.
 
 Sync baseline (`run_agentic_sync`): per step, `num_env_groups` groups of candidates advance in
@@ -105,7 +106,8 @@ class EnvGroupRunner:
             self.stats.drop(error.cause)
             causes.append(error.cause)
             log.warning("episode of group %d dropped: %s", group.prompt_index, error)
-        while len(winners) + len(running) < group.n and started < self.max_episodes:
+        # Keep the redundancy margin: a dropped candidate is replaced while the group is open.
+        while len(winners) + len(running) < self.candidates and started < self.max_episodes:
           launch()
       complete = True
     finally:
@@ -197,7 +199,8 @@ class LockstepRound:
       if i in closed:
         continue
       mine = [e for e in live if e.group is group]
-      while (len(self.winners[i]) < group.n and len(self.winners[i]) + len(mine) < group.n
+      while (len(self.winners[i]) < group.n
+             and len(self.winners[i]) + len(mine) < self.runner.candidates
              and self.started[i] < self.runner.max_episodes):
         mine.append(self._spawn(group))
         fresh.append(mine[-1])

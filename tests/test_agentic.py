@@ -1,0 +1,217 @@
+"""Agentic rollout against real stub server processes (no trainer): the multi-turn trajectory layout,
+env-level async with deliberately slow and failing environments, redundant candidates, the lock-step
+baseline, and malformed server responses rejected and retried."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+import numpy as np
+import pytest
+
+from flashrl_jax import envs
+from flashrl_jax.controller._agentic import (EnvGroupRunner, LockstepRound, collect_lockstep,
+                                             level_seed)
+from flashrl_jax.controller._agentic_config import ID_STRIDE, AgenticConfig, DropCause
+from flashrl_jax.controller._agentic_episode import (AgenticStats, EpisodeDeps, FixedLevel,
+                                                     env_factory)
+from flashrl_jax.controller._loops import to_trajectories
+from flashrl_jax.controller._source import PromptSource
+from flashrl_jax.model._tokenizer import char_tokenizer
+from flashrl_jax.rollout._client import RolloutClient
+from flashrl_jax.rollout._protocol import SamplingParams
+from flashrl_jax.trainer import BatchConfig, pack
+from tests.rollout_stubs import configure, start_stubs
+
+VOCAB = 96  # the char tokenizer's ids fit
+STEP_S = 0.05
+EPISODE = envs.EpisodeConfig(max_turns=3)
+GAME = envs.EnvConfig(episode=EPISODE,
+                      latency=envs.LatencyConfig(envs.LatencyKind.CONSTANT, mean_s=STEP_S))
+
+
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory):
+  with start_stubs(2, "stub", f"--vocab_size={VOCAB}", "--token_latency_s=0.001",
+                   log_dir=str(tmp_path_factory.mktemp("stubs"))) as servers:
+    yield servers
+
+
+class _Crashes:
+  """An environment whose step raises something that is not an `EnvironmentFailure`."""
+
+  def __init__(self, env):
+    self.env = env
+
+  def reset(self, seed):
+    return self.env.reset(seed)
+
+  def step(self, action):
+    raise ValueError("tool exploded")
+
+
+def unreliable_factory(level_seed: int, candidate: int) -> envs.AsyncEnvironment:
+  """Candidate 0 is fail-slow (10x latency), 1 fail-stops, 2 raises a ValueError, the rest work."""
+  game = FixedLevel(envs.make_env(GAME), level_seed)
+  failure = envs.FailureConfig()
+  if candidate == 0:
+    failure = envs.FailureConfig(slow_prob=1.0, slow_factor=10.0)
+  elif candidate == 1:
+    failure = envs.FailureConfig(stop_prob=1.0)
+  elif candidate == 2:
+    game = _Crashes(game)
+  return envs.AsyncEnv(game, GAME.latency, failure)
+
+
+def _runner(client, make_env, *, n, candidates, groups=8, max_episodes=0):
+  deps = EpisodeDeps(client=client, tokenizer=char_tokenizer(),
+                     sampling=SamplingParams(max_new_tokens=6, stop_token_ids=(2,)),
+                     make_env=make_env, published_version=lambda: 0, stats=AgenticStats(),
+                     row_length=640, max_response_length=400, step_timeout_s=10.0)
+  config = AgenticConfig(env_group_size=candidates, max_episodes_per_group=max_episodes)
+  return EnvGroupRunner(deps, config, group_size=n, concurrent_groups=groups, task_seed=7)
+
+
+def _client(urls):
+  return RolloutClient(urls, request_timeout_s=10.0, max_retries=3, health_interval_s=0.2,
+                       vocab_size=VOCAB)
+
+
+def _counts(runner):
+  return {c: runner.stats.counters[f"episodes_dropped/{c.value}"] for c in DropCause}
+
+
+def test_episode_is_one_trajectory_with_masked_observations(stubs):
+  tok = char_tokenizer()
+
+  async def main():
+    async with _client(stubs.urls) as client:
+      runner = _runner(client, env_factory(GAME), n=1, candidates=1)
+      return await runner.run(runner.new_group(5, envs.Sample("", "")))
+
+  group = asyncio.run(main())
+  (r,) = group.responses
+  assert tok.decode(group.prompt_ids) == envs.make_env(GAME).reset(level_seed(7, 5))
+  assert r.sample_id == str(5 * ID_STRIDE)
+  mask = np.asarray(r.response_mask)
+  assert len(mask) == len(r.output_ids) == len(r.behavior_logp) == len(r.token_versions)
+  # model turn, observation, model turn, observation, model turn (3 turns, the last one ends it)
+  runs = [k for k, _ in itertools.groupby(mask)]
+  assert runs == [True, False, True, False, True]
+  logp = np.asarray(r.behavior_logp)
+  assert np.all(logp[~mask] == 0.0) and np.all(logp[mask] < 0.0)
+  ids = np.asarray(r.output_ids)
+  observations = tok.decode(ids[~mask].tolist())
+  assert observations.count("Invalid action") == 2  # the stub's tokens are never a move
+  assert r.reward == pytest.approx(3 * EPISODE.invalid_action_penalty)
+  assert r.reward_info["turns"] == 3 and r.finish_reason == "max_turns"
+  (traj,) = to_trajectories([group])
+  assert traj.response_mask.dtype == bool and traj.response_mask.sum() == mask.sum()
+  batch = pack([traj], BatchConfig(row_length=640, rows=1, sequences_per_row=1,
+                                   max_response_length=400))
+  assert batch.loss_mask.sum() == mask.sum()  # observation tokens are not trained
+
+
+def test_slow_and_failing_envs_never_stall_env_level_async(stubs):
+  """n = 2 of 4 candidates per group: the fail-stop and crashing ones are dropped and replaced, the
+  fail-slow one is outrun and cancelled; all 6 groups complete before one slow episode would."""
+
+  async def main():
+    async with _client(stubs.urls) as client:
+      runner = _runner(client, unreliable_factory, n=2, candidates=4)
+      start = time.monotonic()
+      groups = await asyncio.gather(*(runner.run(runner.new_group(i, envs.Sample("", "")))
+                                      for i in range(6)))
+      return runner, groups, time.monotonic() - start
+
+  runner, groups, elapsed = asyncio.run(main())
+  slow_episode_s = EPISODE.max_turns * STEP_S * 10
+  assert elapsed < slow_episode_s, elapsed
+  ids = [r.sample_id for g in groups for r in g.responses]
+  assert len(ids) == len(set(ids)) == 12
+  for g in groups:  # the healthy original and a replacement
+    assert {r.reward_info["candidate"] for r in g.responses} <= {3, 4, 5}
+  counts = _counts(runner)
+  assert counts[DropCause.ENV_FAILURE] == 12  # fail-stop + crash, in every group
+  assert counts[DropCause.REDUNDANT] == 12  # the fail-slow one and the slower replacement
+  assert runner.stats.report()["env_step_s/p50"] == pytest.approx(STEP_S, rel=0.5)
+
+
+def _always_fails(level_seed_, candidate):
+  del candidate
+  return envs.AsyncEnv(FixedLevel(envs.make_env(GAME), level_seed_),
+                       failure=envs.FailureConfig(stop_prob=1.0))
+
+
+def test_group_that_cannot_finish_fails_for_reissue(stubs):
+  async def main():
+    async with _client(stubs.urls) as client:
+      runner = _runner(client, _always_fails, n=1, candidates=1, max_episodes=2)
+      with pytest.raises(RuntimeError, match="every candidate dropped"):
+        await runner.run(runner.new_group(0, envs.Sample("", "")))
+      return runner
+
+  runner = asyncio.run(main())
+  assert _counts(runner)[DropCause.ENV_FAILURE] == 2
+
+
+def test_lockstep_baseline_waits_at_every_barrier(stubs):
+  """Same candidates in lock-step: correct groups, but every turn waits for the slow environment."""
+
+  async def main():
+    async with _client(stubs.urls) as client:
+      runner = _runner(client, unreliable_factory, n=2, candidates=4)
+      source = PromptSource(samples=[envs.Sample("", "")])
+      start = time.monotonic()
+      counters = {"failed_groups": 0}
+      groups, times = await collect_lockstep(runner, source, 2, 3, counters)
+      return runner, groups, times, counters, time.monotonic() - start
+
+  runner, groups, times, counters, elapsed = asyncio.run(main())
+  assert len(groups) == 2 and all(len(g.responses) == 2 for g in groups)
+  assert elapsed >= EPISODE.max_turns * STEP_S * 10 * 0.9  # the slow candidate sets the pace
+  assert times["time/env_s"] > times["time/generate_s"]
+  assert counters["redundant_groups"] == 1  # 3 started, the first 2 complete were trained
+  assert len({r.sample_id for g in groups for r in g.responses}) == 4
+  assert _counts(runner)[DropCause.ENV_FAILURE] == 6
+
+
+def test_lockstep_round_reports_partial_when_everything_fails(stubs):
+  async def main():
+    async with _client(stubs.urls) as client:
+      runner = _runner(client, _always_fails, n=1, candidates=1, max_episodes=2)
+      groups = [runner.new_group(i, envs.Sample("", "")) for i in range(2)]
+      lockstep = LockstepRound(runner, groups, 2)
+      return await lockstep.play(), lockstep
+
+  taken, lockstep = asyncio.run(main())
+  assert taken == [] and len(lockstep.failed) == 2
+
+
+@pytest.mark.parametrize("mode", ["wrong_logprob_count", "bad_token_ids", "non_json",
+                                  "missing_fields"])
+def test_malformed_responses_are_rejected_and_retried(stubs, mode):
+  """One of two servers lies; every episode still gets exactly the stub's true tokens."""
+  bad, good = stubs.urls
+  configure(bad, misbehave=mode)
+  try:
+    async def main():
+      async with _client(stubs.urls) as client:
+        runner = _runner(client, env_factory(GAME), n=2, candidates=2)
+        groups = await asyncio.gather(*(runner.run(runner.new_group(i, envs.Sample("", "")))
+                                        for i in range(3)))
+        return groups, client.stats()
+
+    groups, stats = asyncio.run(main())
+  finally:
+    configure(bad, misbehave="none")
+  assert stats.num_malformed >= 1
+  for g in groups:
+    for r in g.responses:
+      mask = np.asarray(r.response_mask)
+      ids = np.asarray(r.output_ids)[mask]
+      assert ids.max() < VOCAB
+      assert all(lp == pytest.approx(-0.01 * (1 + t % 50))  # the stub's true log-probs
+                 for lp, t in zip(np.asarray(r.behavior_logp)[mask], ids))
