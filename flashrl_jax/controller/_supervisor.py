@@ -91,24 +91,28 @@ class Supervisor:
 
   async def publish(self, trainer, store, pause_mode: PauseMode, *,
                     keep_versions: int) -> dict[str, float]:
-    """Export, then pause -> load -> continue on every server in rotation; failures recover."""
+    """Exports the trainer's version, then `handoff`s it; the run's weight publish."""
+    t0 = time.perf_counter()
+    path = await asyncio.to_thread(export_current, trainer, store)
+    times = {"time/export_s": time.perf_counter() - t0}
+    times.update(await self.handoff(path, trainer.policy_version, pause_mode))
+    store.gc(keep_last=keep_versions)
+    return times
+
+  async def handoff(self, path: str, version: int, pause_mode: PauseMode) -> dict[str, float]:
+    """pause -> load -> continue on every server in the client; servers that fail go to recovery."""
     async with self.lock:
-      version = trainer.policy_version
-      t0 = time.perf_counter()
-      path = await asyncio.to_thread(export_current, trainer, store)
       t1 = time.perf_counter()
       urls = await self._tolerant(lambda u: self.client.pause(pause_mode, urls=u), self.client.urls)
       t2 = time.perf_counter()
       try:
-        urls = await self._tolerant(
+        await self._tolerant(
             lambda u: self.client.update_weights_from_disk(path, str(version), urls=u), urls)
       finally:
         t3 = time.perf_counter()
         await self._tolerant(lambda u: self.client.continue_generation(urls=u), self.client.urls)
       t4 = time.perf_counter()
-    store.gc(keep_last=keep_versions)
-    return {"time/export_s": t1 - t0, "time/pause_s": t2 - t1, "time/load_s": t3 - t2,
-            "time/resume_s": t4 - t3}
+    return {"time/pause_s": t2 - t1, "time/load_s": t3 - t2, "time/resume_s": t4 - t3}
 
   async def _tolerant(self, op, urls: list[str]) -> list[str]:
     """Runs a fan-out op on `urls`; failed servers go to recovery. Returns those it worked on."""

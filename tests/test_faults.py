@@ -1,0 +1,147 @@
+"""The supervisor against real stub processes: a SIGKILLed and a hung server are restarted and rejoin
+on the current policy version without losing a request; a weight publish goes on when a server is
+dead; a killed controller's orphaned servers are reaped by the next run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import urllib.request
+
+from flashrl_jax.controller._supervisor import (Supervisor, SupervisorConfig, reap_orphans,
+                                                record_pids)
+from flashrl_jax.rollout._client import RolloutClient
+from flashrl_jax.rollout._protocol import PauseMode, SamplingParams
+from tests.rollout_stubs import VOCAB, configure, expected, start_stubs
+
+FAST = SupervisorConfig(poll_s=0.05, hang_failures=2, unhealthy_grace_s=5.0, rejoin_poll_s=0.1)
+
+
+def _version(url: str) -> str:
+  with urllib.request.urlopen(url + "/model_info", timeout=5) as r:
+    return json.load(r)["weight_version"]
+
+
+def _client(urls, **kw) -> RolloutClient:
+  kw = {"request_timeout_s": 10.0, "max_retries": 3, "health_interval_s": 0.1,
+        "vocab_size": VOCAB, **kw}
+  return RolloutClient(urls, **kw)
+
+
+async def _until(cond, timeout_s: float = 20.0) -> None:
+  for _ in range(int(timeout_s / 0.05)):
+    if cond():
+      return
+    await asyncio.sleep(0.05)
+  raise AssertionError("condition not reached")
+
+
+def _generate_all(client, n: int, tokens: int = 20):
+  prompts = [[i % 50 + 1] for i in range(n)]
+  return prompts, [asyncio.create_task(client.generate(p, SamplingParams(max_new_tokens=tokens),
+                                                      rid=f"r{i}"))
+                   for i, p in enumerate(prompts)]
+
+
+def test_killed_server_is_restarted_and_rejoins_at_current_version(tmp_path):
+  weights = tmp_path / "weight_v000003"
+  weights.mkdir()
+  counters: dict[str, int] = {}
+  with start_stubs(3, "stub", "--token_latency_s=0.01", log_dir=str(tmp_path)) as servers:
+    victim = servers.urls[1]
+
+    async def main():
+      async with _client(servers.urls) as client:
+        sup = Supervisor(client, servers=servers, counters=counters, config=FAST,
+                         current_version=lambda: (str(weights), 3))
+        async with sup:
+          prompts, tasks = _generate_all(client, 30)
+          await asyncio.sleep(0.08)
+          servers.kill(1)
+          results = await asyncio.gather(*tasks)
+          for prompt, result in zip(prompts, results):  # none lost, each the right tokens
+            assert result.output_ids == expected(prompt, 20)[0]
+          await _until(lambda: victim in client.urls and not sup.recovering)
+          assert _version(victim) == "3"  # loaded the current version before rejoining
+          prompts, tasks = _generate_all(client, 12)
+          await asyncio.gather(*tasks)
+          return client.stats()
+
+    stats = asyncio.run(main())
+  assert counters["server_restarts"] == 1 and counters["server_failures"] == 1
+  assert stats.num_retries >= 1
+  assert {s.url: s.num_requests for s in stats.servers}[victim] >= 1  # serving again
+
+
+def test_hung_server_is_restarted(tmp_path):
+  """A server that answers /health but never finishes a generation: its requests time out and are
+  retried elsewhere; the supervisor restarts it (which clears the hang) and it rejoins."""
+  weights = tmp_path / "weight_v000001"
+  weights.mkdir()
+  counters: dict[str, int] = {}
+  with start_stubs(2, "stub", log_dir=str(tmp_path)) as servers:
+    victim = servers.urls[0]
+    configure(victim, misbehave="hang")
+
+    async def main():
+      async with _client(servers.urls, request_timeout_s=0.5) as client:
+        sup = Supervisor(client, servers=servers, counters=counters, config=FAST,
+                         current_version=lambda: (str(weights), 1))
+        async with sup:
+          prompts, tasks = _generate_all(client, 8, tokens=5)
+          results = await asyncio.gather(*tasks)
+          assert [r.output_ids for r in results] == [expected(p, 5)[0] for p in prompts]
+          await _until(lambda: counters["server_restarts"] >= 1 and not sup.recovering)
+          assert _version(victim) == "1"
+          prompts, tasks = _generate_all(client, 8, tokens=5)
+          await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+  assert counters["server_restarts"] >= 1
+
+
+def test_publish_goes_on_when_a_server_is_dead(tmp_path):
+  weights = tmp_path / "weight_v000002"
+  weights.mkdir()
+  counters: dict[str, int] = {}
+  with start_stubs(2, "stub", log_dir=str(tmp_path)) as servers:
+    dead, alive = servers.urls
+
+    async def main():
+      async with _client(servers.urls) as client:
+        slow_watch = SupervisorConfig(poll_s=30.0)  # the publish, not the watcher, finds it
+        sup = Supervisor(client, servers=servers, counters=counters, config=slow_watch,
+                         current_version=lambda: (str(weights), 2))
+        async with sup:
+          servers.kill(0)
+          times = await sup.handoff(str(weights), 2, PauseMode.ABORT)
+          assert set(times) == {"time/pause_s", "time/load_s", "time/resume_s"}
+          assert _version(alive) == "2" and dead not in client.urls
+          await _until(lambda: not sup.recovering)  # restarted by the recovery path
+          assert _version(dead) == "2" and dead in client.urls
+          prompts, tasks = _generate_all(client, 4, tokens=5)  # nobody left paused
+          await asyncio.wait_for(asyncio.gather(*tasks), 10)
+
+    asyncio.run(main())
+  assert counters["server_restarts"] == 1
+
+
+def test_orphaned_servers_of_a_killed_controller_are_reaped(tmp_path):
+  pid_file = str(tmp_path / "server_pids.json")
+  servers = start_stubs(2, "stub", log_dir=str(tmp_path))
+  try:
+    record_pids(pid_file, servers)
+    pids = [servers.pid(i) for i in range(2)]
+    with open(pid_file) as f:
+      entries = json.load(f)
+    entries.append({"pid": os.getpid(), "url": "http://127.0.0.1:1"})  # not a server: spared
+    with open(pid_file, "w") as f:
+      json.dump(entries, f)
+    assert sorted(reap_orphans(pid_file)) == sorted(pids)
+    for i in range(2):
+      servers._procs[i].wait(5)  # pylint: disable=protected-access
+    assert all(servers.pid(i) is None for i in range(2))
+    assert not os.path.exists(pid_file) and reap_orphans(pid_file) == []
+  finally:
+    servers.stop()
