@@ -1,0 +1,268 @@
+"""Launch RL runs one at a time as subprocesses, and turn their `metrics.jsonl` into table rows.
+
+Why a subprocess per run: every run starts its own rollout servers and pins itself and them to
+cores (`os.sched_setaffinity`), compiles its own programs and holds its own JAX runtime; running
+each in a fresh process keeps runs independent and lets a sweep survive one run crashing. Why
+runs are sequential: the machine has 2 cores, so two runs at once would measure each other.
+
+A run is a `RunSpec`: the demo config file plus overrides (mode, α, loss preset, sizes, seed).
+`python -m experiments._runs SPEC.json` is the child: it builds the `RunConfig`, calls
+`flashrl_jax.controller.run` and writes the run's own plots. A finished run (with `summary.json`)
+is skipped when a sweep is re-run, so an interrupted sweep resumes where it stopped; an unfinished
+one is wiped and started again (a half run would mix two start-ups into its throughput).
+
+All children share a persistent JAX compilation cache (`.cache/jax_compilation`), so only the
+first run of a shape pays compilation; start-up is excluded from the steady-state numbers anyway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+COMPILATION_CACHE = ".cache/jax_compilation"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """One run: `overrides` keys are RunConfig fields, plus `loss` (a full LossConfig as a dict,
+  fresh defaults) and `rollout` / `resources` / `task` / `optimizer` (partial replacements)."""
+
+  name: str
+  overrides: dict[str, Any]
+  config: str = "experiments/configs/demo.py"
+
+  def command(self) -> str:
+    """The equivalent `experiments.train` command line where flags can express it."""
+    o = dict(self.overrides)
+    flags = []
+    for key in ("mode", "async_ratio", "steps", "batch_size", "group_size", "seed"):
+      if key in o:
+        flags.append(f"--{key}={o[key]}")
+    if "loss" in o:
+      flags.append(f"--loss={o['loss']['name']}")
+    for key, flag in (("num_servers", "num_rollout_servers"),
+                      ("max_running_requests", "max_running_requests")):
+      if key in o.get("rollout", {}):
+        flags.append(f"--{flag}={o['rollout'][key]}")
+    for key in ("rollout_devices", "train_devices"):
+      if key in o.get("resources", {}):
+        flags.append(f"--{key}={o['resources'][key]}")
+    if "learning_rate" in o.get("optimizer", {}):
+      flags.append(f"--learning_rate={o['optimizer']['learning_rate']}")
+    command = f"python -m experiments.train --config={self.config} " + " ".join(flags)
+    rest = {k: v for k, v in o.get("loss", {}).items() if k != "name"}
+    if rest or "task" in o:  # not expressible as train.py flags
+      command += f"  # plus loss {rest} task {o.get('task', {})}"
+    return command
+
+
+def build_config(spec: RunSpec, workdir: str):
+  """The spec's `RunConfig` (imports the library: call in the child, not in a flag-parsing parent)."""
+  from experiments.train import load_config_file
+  from flashrl_jax.losses import LossConfig
+  config = load_config_file(spec.config)
+  o = dict(spec.overrides)
+  train_changes = {}
+  if "loss" in o:
+    train_changes["loss"] = LossConfig(**o.pop("loss"))
+  if "optimizer" in o:
+    train_changes["optimizer"] = dataclasses.replace(config.train.optimizer, **o.pop("optimizer"))
+  if train_changes:
+    o["train"] = dataclasses.replace(config.train, **train_changes)
+  for part in ("rollout", "resources", "task"):
+    if part in o:
+      o[part] = dataclasses.replace(getattr(config, part), **o[part])
+  if o.get("mode") == "sync":
+    o.setdefault("async_ratio", 0)
+  return dataclasses.replace(config, workdir=workdir, plot=True, **o)
+
+
+def _child(spec_path: str) -> None:
+  from experiments.train import ensure_model
+  from flashrl_jax.controller import run
+  from flashrl_jax.controller._plot import plot_run
+  with open(spec_path) as f:
+    raw = json.load(f)
+  spec = RunSpec(raw["name"], raw["overrides"], raw["config"])
+  config = build_config(spec, os.path.dirname(os.path.abspath(spec_path)))
+  ensure_model(config)
+  load_before, cores = os.getloadavg(), len(os.sched_getaffinity(0))
+  summary = run(config)
+  plot_run(summary.workdir)
+  _write_run_info(config, summary.workdir, load_before, cores)
+  print(f"run {spec.name}: {summary.samples_per_s:.2f} samples/s, {summary.wall_s:.1f}s")
+
+
+def _write_run_info(config, workdir: str, load_before, cores: int) -> None:
+  """What the simulator's calibration needs that metrics.jsonl lacks, and the machine's load."""
+  from flashrl_jax.controller import PromptSource
+  from flashrl_jax.model import load_tokenizer
+  tokenizer = load_tokenizer(config.model_path)
+  source = PromptSource(synthetic=config.task.synthetic, seed=config.task.seed)
+  prompts = [len(tokenizer.encode(source.sample(i).prompt)) for i in range(64)]
+  info = {"prompt_tokens_mean": float(np.mean(prompts)), "loadavg_before": load_before,
+          "loadavg_after": os.getloadavg(), "cores": cores,
+          "max_new_tokens": config.rollout.max_new_tokens,
+          "pause_mode": config.rollout.pause_mode.value}
+  with open(os.path.join(workdir, "run_info.json"), "w") as f:
+    json.dump(info, f, indent=1)
+
+
+@dataclasses.dataclass
+class RunResult:
+  spec: RunSpec
+  workdir: str
+  records: list[dict]
+  summary: dict
+  ok: bool
+  info: dict = dataclasses.field(default_factory=dict)
+
+
+def load_records(workdir: str) -> list[dict]:
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def launch(spec: RunSpec, out_dir: str, *, timeout_s: float = 1800, rerun: bool = False,
+           log=print) -> RunResult:
+  """Runs `spec` in `out_dir/spec.name` (or reuses a finished run there)."""
+  workdir = os.path.abspath(os.path.join(out_dir, spec.name))
+  summary_path = os.path.join(workdir, "summary.json")
+  if os.path.exists(summary_path) and not rerun:
+    log(f"[{spec.name}] finished earlier, reusing {workdir}")
+  else:
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir)
+    spec_path = os.path.join(workdir, "spec.json")
+    with open(spec_path, "w") as f:
+      json.dump({**dataclasses.asdict(spec), "command": spec.command()}, f, indent=1)
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=os.path.abspath(COMPILATION_CACHE),
+               JAX_PLATFORMS="cpu")
+    log(f"[{spec.name}] {spec.command()}")
+    start = time.perf_counter()
+    with open(os.path.join(workdir, "run.log"), "w") as out:
+      try:
+        rc = subprocess.run([sys.executable, "-m", "experiments._runs", spec_path], stdout=out,
+                            stderr=subprocess.STDOUT, env=env, timeout=timeout_s).returncode
+      except subprocess.TimeoutExpired:
+        rc = "timeout"
+    log(f"[{spec.name}] rc={rc} in {time.perf_counter() - start:.0f}s")
+  summary = {}
+  if os.path.exists(summary_path):
+    with open(summary_path) as f:
+      summary = json.load(f)
+  info = {}
+  if os.path.exists(os.path.join(workdir, "run_info.json")):
+    with open(os.path.join(workdir, "run_info.json")) as f:
+      info = json.load(f)
+  return RunResult(spec, workdir, load_records(workdir), summary, bool(summary), info)
+
+
+def run_all(specs: list[RunSpec], out_dir: str, **kwargs) -> list[RunResult]:
+  return [launch(spec, out_dir, **kwargs) for spec in specs]
+
+
+# --- analysis ----------------------------------------------------------------------------------
+
+
+def moving_average(values, window: int = 11) -> np.ndarray:
+  """Trailing moving average, the paper's 11-step smoothing (shorter at the start)."""
+  values = np.asarray(values, np.float64)
+  return np.array([values[max(0, i - window + 1):i + 1].mean() for i in range(len(values))])
+
+
+def steady_throughput(records: list[dict], warmup: int) -> float:
+  """Samples/s over the steps after `warmup` (start-up, compilation and the pre-filled buffer of
+  an async run are excluded): trained samples / wall of those steps."""
+  rest = records[warmup:] or records
+  wall = sum(r["time/step_s"] for r in rest)
+  return sum(r["num_samples"] for r in rest) / wall if wall > 0 else float("nan")
+
+
+def warmup_steps(records: list[dict], async_ratio: int) -> int:
+  """Step 1 compiles; an async run then eats the α batches generated during compilation."""
+  return min(async_ratio + 2, max(len(records) - 3, 0))
+
+
+def summarize(result: RunResult, *, threshold: float, window: int = 11) -> dict[str, Any]:
+  """One table row: final accuracy, steps/time to a threshold, throughput, staleness, drops."""
+  r = result.records
+  spec = result.spec.overrides
+  alpha = int(spec.get("async_ratio", 0)) if spec.get("mode") != "sync" else 0
+  row: dict[str, Any] = {"run": result.spec.name, "ok": result.ok, "steps": len(r)}
+  if not r:
+    return row
+  acc = moving_average([x["accuracy"] for x in r], window)
+  hit = next((i for i, a in enumerate(acc) if a >= threshold), None)
+  cumulative = np.cumsum([x["time/step_s"] for x in r])
+  warm = warmup_steps(r, alpha)
+  row.update({
+      "final_accuracy": float(acc[-1]),
+      "max_accuracy_ma": float(acc.max()),
+      "initial_accuracy": float(np.mean([x["accuracy"] for x in r[:3]])),
+      "steps_to_threshold": None if hit is None else hit + 1,
+      "time_to_threshold_s": None if hit is None else float(cumulative[hit]),
+      "wall_s": float(result.summary.get("wall_s", cumulative[-1])),
+      "samples_per_s_e2e": float(result.summary.get("samples_per_s", float("nan"))),
+      "samples_per_s_steady": steady_throughput(r, warm),
+      "warmup_steps": warm,
+      "step_s_median": float(np.median([x["time/step_s"] for x in r[warm:] or r])),
+      # Robust to the other tenants of this machine: a 10 s stall of a neighbour's job lands in
+      # one step's wall time and moves the mean, not the median.
+      "samples_per_s_median": float(np.median([x["num_samples"] for x in r[warm:] or r]) /
+                                    np.median([x["time/step_s"] for x in r[warm:] or r])),
+      "staleness_mean": float(np.mean([x.get("staleness_mean", 0.0) for x in r])),
+      "staleness_max": int(max(x.get("staleness_max", 0) for x in r)),
+      "dropped_stale": int(result.summary.get("counters", {}).get("dropped_stale", 0)),
+      "response_length_mean": float(np.mean([x["response_length_mean"] for x in r])),
+      "loadavg": (result.info.get("loadavg_before", [None])[0]),
+  })
+  return row
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+  if value is None:
+    return "—"
+  if isinstance(value, bool):
+    return "yes" if value else "no"
+  if isinstance(value, float):
+    return "nan" if math.isnan(value) else f"{value:.{digits}g}"
+  return str(value)
+
+
+def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+  """`columns`: (key, header) pairs; missing keys print as —."""
+  lines = ["| " + " | ".join(h for _, h in columns) + " |",
+           "|" + "---|" * len(columns)]
+  for row in rows:
+    lines.append("| " + " | ".join(fmt(row.get(k)) for k, _ in columns) + " |")
+  return "\n".join(lines)
+
+
+def write_table(rows: list[dict], columns: list[tuple[str, str]], out_dir: str, name: str,
+                extra: dict | None = None) -> str:
+  """Writes `name.md` and `name.json` under `out_dir`; returns the markdown."""
+  os.makedirs(out_dir, exist_ok=True)
+  table = markdown_table(rows, columns)
+  with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
+    f.write(table + "\n")
+  with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+    json.dump({"rows": rows, **(extra or {})}, f, indent=1, default=str)
+  return table
+
+
+if __name__ == "__main__":
+  _child(sys.argv[1])

@@ -1,0 +1,88 @@
+"""Predicted vs measured throughput of a finished run, through `experiments.benchmarks.sim_vs_measured`.
+
+Why here: the simulator's own benchmark needs a calibration JSON that describes the run (mode, α,
+B, n, servers, slots, trainer devices, prompt length) and a measured decode step of the engine.
+This module writes that JSON from a run directory (`config.json`, `run_info.json`) and one decode
+measurement, calls the benchmark as a subprocess (it owns its flags) and parses its report.
+
+Decode calibration: the benchmark times one engine alone on one core. The controller gives the
+K servers of an async run the R rollout cores (K > R: they time-share, so each decode step takes
+K/R times longer); a sync run gives every server its own core. That scaling is the only
+adjustment; train, handoff and length models are fitted by the benchmark from the run itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+DEMO_MODEL = ".cache/demo_model"
+
+
+def measure_decode(out_path: str, *, slots: int, context_length: int, core: int = 0) -> dict:
+  """Runs the benchmark's `--measure_decode` pinned to one core; cached in `out_path`."""
+  if os.path.exists(out_path):
+    with open(out_path) as f:
+      return json.load(f)
+  cmd = ["taskset", "-c", str(core), sys.executable, "-m",
+         "experiments.benchmarks.sim_vs_measured", f"--measure_decode={DEMO_MODEL}",
+         f"--slots={slots}", f"--context_length={context_length}"]
+  out = subprocess.run(cmd, capture_output=True, text=True, check=True,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu")).stdout
+  block = json.loads(out.strip().splitlines()[-1])["decode"]
+  os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+  with open(out_path, "w") as f:
+    json.dump(block, f)
+  return block
+
+
+def calibration(workdir: str, decode: dict, warmup: int) -> dict:
+  with open(os.path.join(workdir, "config.json")) as f:
+    config = json.load(f)
+  with open(os.path.join(workdir, "run_info.json")) as f:
+    info = json.load(f)
+  servers = config["rollout"]["num_servers"]
+  cores = info.get("cores", 2)
+  if config["mode"] == "async":
+    share = max(servers / config["resources"]["rollout_devices"], 1.0)
+  else:
+    share = max(servers / cores, 1.0)
+  return {
+      "run": {"mode": config["mode"], "async_ratio": config["async_ratio"],
+              "batch_size": config["batch_size"], "group_size": config["group_size"],
+              "rollout_servers": servers, "slots": config["rollout"]["max_running_requests"],
+              "train_devices": config["resources"]["train_devices"],
+              "prompt_tokens": round(info["prompt_tokens_mean"]),
+              "max_len": info["max_new_tokens"], "pause_mode": info["pause_mode"],
+              "queue_scheduling": True, "prompt_replication": True},
+      "decode": {"active": decode["active"], "step_s": [s * share for s in decode["step_s"]]},
+      "warmup_steps": warmup,
+  }
+
+
+def compare(workdir: str, decode: dict, warmup: int, seeds: int = 3) -> dict:
+  """{'predicted', 'measured', 'error'} samples/s, or {'error_text'} when the benchmark fails."""
+  path = os.path.join(workdir, "sim_calibration.json")
+  with open(path, "w") as f:
+    json.dump(calibration(workdir, decode, warmup), f, indent=1)
+  cmd = [sys.executable, "-m", "experiments.benchmarks.sim_vs_measured",
+         f"--metrics={os.path.join(workdir, 'metrics.jsonl')}", f"--calibration={path}",
+         f"--seeds={seeds}"]
+  proc = subprocess.run(cmd, capture_output=True, text=True)
+  with open(os.path.join(workdir, "sim_vs_measured.txt"), "w") as f:
+    f.write(" ".join(cmd) + "\n" + proc.stdout + proc.stderr)
+  return parse_report(proc.stdout) if proc.returncode == 0 else {"error_text": proc.stderr[-500:]}
+
+
+def parse_report(text: str) -> dict:
+  out = {}
+  m = re.search(r"samples_per_s: predicted\s+(\S+)\s+measured\s+(\S+)", text)
+  if m:
+    out["predicted"], out["measured"] = float(m.group(1)), float(m.group(2))
+  m = re.search(r"sim_error_vs_measured: (\S+)", text)
+  if m:
+    out["error"] = float(m.group(1))
+  return out
