@@ -27,10 +27,10 @@ def get_config() -> RunConfig:
       task=TaskConfig(synthetic=demo_task(), reward=envs.RewardKind.EXACT_MATCH, seed=1),
       train=TrainConfig(
           loss=LossConfig(name="cispo", clip_low=1.0, clip_high=0.28),
-          optimizer=OptimizerConfig(learning_rate=5e-4, warmup_steps=2, max_grad_norm=1.0),
+          optimizer=OptimizerConfig(learning_rate=3e-4, warmup_steps=2, max_grad_norm=1.0),
           batch=BatchConfig(row_length=128, rows=8, sequences_per_row=4, max_response_length=64),
           temperature=1.0),
       rollout=RolloutConfig(num_servers=2, max_running_requests=16, max_new_tokens=60,
                             temperature=1.0),
       resources=ResourceConfig(rollout_devices=1, train_devices=1),
-      mode=Mode.ASYNC, async_ratio=2, steps=30, batch_size=8, group_size=4)
+      mode=Mode.ASYNC, async_ratio=2, steps=40, batch_size=16, group_size=8)
