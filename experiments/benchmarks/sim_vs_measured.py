@@ -170,7 +170,8 @@ def _hist_mean(hist: dict) -> float:
 
 def measure_decode(model_path: str, slots: int, context_length: int | None = None,
                    tokens: int = 32) -> dict:
-  """Decode step seconds vs active requests on one `flashrl_jax.rollout.Engine` (a `decode` block)."""
+  """Decode step seconds vs active requests, and prefill seconds per prompt token, on one
+  `flashrl_jax.rollout.Engine`: the `decode` and `prefill_s_per_token` calibration entries."""
   from flashrl_jax.rollout import Engine, EngineConfig, Sampling  # JAX only when asked for
   prompt = list(range(3, 11))
   sampling = Sampling(max_new_tokens=tokens, ignore_eos=True)
@@ -180,20 +181,27 @@ def measure_decode(model_path: str, slots: int, context_length: int | None = Non
                         context_length=context_length)
   with Engine(config) as engine:
     for count in active:
-      for attempt in range(2):  # the first pass compiles this prefill shape
+      for _ in range(2):  # the first pass compiles this prefill shape
         before = dataclasses.replace(engine.stats)
         start = time.perf_counter()
         engine.generate([prompt] * count, sampling)
         wall = time.perf_counter() - start
       step_s.append(wall / max(engine.stats.decode_steps - before.decode_steps, 1))
-  return {"active": active, "step_s": step_s}
+    # Prefill: long prompts, one new token each, charged per prompt token (request overhead in).
+    long_prompt = list(range(3, 3 + min(64, engine.context_length // 2)))
+    one = Sampling(max_new_tokens=1, ignore_eos=True)
+    for _ in range(2):
+      start = time.perf_counter()
+      engine.generate([long_prompt] * slots, one)
+      prefill = (time.perf_counter() - start) / (slots * len(long_prompt))
+  return {"decode": {"active": active, "step_s": step_s}, "prefill_s_per_token": prefill}
 
 
 _METRICS = flags.DEFINE_string("metrics", None, "A run's metrics.jsonl.")
 _CALIBRATION = flags.DEFINE_string("calibration", None, "Calibration JSON.")
 _SEEDS = flags.DEFINE_integer("seeds", 3, "Simulation seeds to average.")
-_MEASURE_DECODE = flags.DEFINE_string("measure_decode", None,
-                                      "Model directory: print a measured `decode` block and exit.")
+_MEASURE_DECODE = flags.DEFINE_string(
+    "measure_decode", None, "Model directory: print measured `decode` and `prefill_s_per_token`.")
 _SLOTS = flags.DEFINE_integer("slots", 16, "Engine slots for --measure_decode.")
 _CONTEXT = flags.DEFINE_integer("context_length", None, "Engine context for --measure_decode "
                                 "(the controller passes the trainer's row length).")
@@ -202,8 +210,7 @@ _CONTEXT = flags.DEFINE_integer("context_length", None, "Engine context for --me
 def main(argv):
   del argv
   if _MEASURE_DECODE.value:
-    print(json.dumps({"decode": measure_decode(_MEASURE_DECODE.value, _SLOTS.value,
-                                               _CONTEXT.value)}))
+    print(json.dumps(measure_decode(_MEASURE_DECODE.value, _SLOTS.value, _CONTEXT.value)))
     return
   if not (_METRICS.value and _CALIBRATION.value):
     raise app.UsageError("--metrics and --calibration are required (or --measure_decode).")
