@@ -29,8 +29,9 @@ calibration.json (only `run` and `decode` are required):
 `per_token_s` is device-seconds per trained token (prompt + response). On CPU a "device" is the
 process's core slice; sync runs on separate rollout and trainer processes, as the controller does.
 
-To measure the `decode` block on this machine with the project's own engine (static-shape slots,
-so the step time barely depends on how many are active):
+To measure the `decode` block and `prefill_s_per_token` on this machine with the project's own
+engine (static-shape slots, so the step time barely depends on how many are active; pin it like
+the servers, e.g. `taskset -c 0`, and merge the printed JSON into the calibration file):
 
     python -m experiments.benchmarks.sim_vs_measured --measure_decode=.cache/demo_model \\
         --slots=16 --context_length=128
