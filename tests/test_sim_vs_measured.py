@@ -6,6 +6,7 @@ fidelity of the simulator to real hardware.
 """
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ import pytest
 from experiments.benchmarks import sim_vs_measured
 from flashrl_jax import sim
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 SYNC = sim.SyncModel(export_s=0.2, pause_s=0.05, load_s=0.3, resume_s=0.05)
 
 
@@ -61,7 +63,7 @@ def test_command_line_prints_the_error_last(tmp_path):
   out = subprocess.run(
       [sys.executable, "-m", "experiments.benchmarks.sim_vs_measured", f"--metrics={metrics}",
        f"--calibration={calibration}", "--seeds=1"],
-      capture_output=True, text=True, check=True, timeout=120).stdout
+      capture_output=True, text=True, check=True, timeout=120, cwd=REPO).stdout
   last = out.strip().splitlines()[-1]
   assert last.startswith("sim_error_vs_measured: ")
   assert 0.0 <= float(last.split(": ")[1]) < 0.2
@@ -73,7 +75,7 @@ def test_simulate_entry_point_writes_tables_and_plots(tmp_path):
        "--batch_prompts=4", "--group_size=2", "--slots=4", "--mean_len=300", "--max_len=2000",
        "--steps=2", "--seq_lens=300", "--seq_gpus=8", "--split_gpus=8", "--split_train=2,4",
        "--mech_gpus=4", "--mech_batches=4", f"--out={tmp_path}"],
-      capture_output=True, text=True, check=True, timeout=120).stdout
+      capture_output=True, text=True, check=True, timeout=120, cwd=REPO).stdout
   assert out.strip().splitlines()[-1].startswith("sim_async_speedup_at_8_gpus: ")
   for name in ("scaling.json", "scaling.csv", "scaling.png", "seqlen.csv", "seqlen.png",
                "split.csv", "mechanisms.csv"):
