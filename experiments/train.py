@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import logging
 import os
 import sys
 
 from absl import app, flags
+from absl import logging as absl_logging
 
 from flashrl_jax.controller import Mode, RunConfig
 
@@ -135,7 +135,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config = apply_flags(load_config_file(_CONFIG.value))
-  logging.getLogger().setLevel(logging.INFO)
+  if not FLAGS["verbosity"].present:  # a progress bar, warnings and errors; --verbosity=0 for INFO
+    absl_logging.set_verbosity(absl_logging.WARNING)
   ensure_model(config)
   from flashrl_jax.controller import run
   from flashrl_jax.controller._progress import ProgressReporter
@@ -144,6 +145,13 @@ def main(argv):
   print(f"run finished: {summary.samples_trained} samples in {summary.wall_s:.1f}s "
         f"({summary.samples_per_s:.2f} samples/s), policy version {summary.final_policy_version}, "
         f"workdir {summary.workdir}")
+  from flashrl_jax.controller import read_metrics
+  records = read_metrics(summary.workdir)
+  first = [r["eval/initial_expected_accuracy"] for r in records
+           if "eval/initial_expected_accuracy" in r]
+  last = [r["eval/expected_accuracy"] for r in records if "eval/expected_accuracy" in r]
+  if first and last:
+    print(f"held-out P(exact answer): {first[0]:.3f} -> {last[-1]:.3f}")
   if config.plot:
     from flashrl_jax.controller._plot import plot_run
     for path in plot_run(summary.workdir):

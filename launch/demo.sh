@@ -7,4 +7,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash launch/setup.sh
 export PYTHONUNBUFFERED=1
+export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}  # the CPU demo
 exec .venv/bin/python -m experiments.train --workdir=runs/demo "$@"
