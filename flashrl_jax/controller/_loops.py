@@ -52,6 +52,8 @@ class LoopContext:
       "dropped_stale": 0, "filtered_groups": 0, "failed_groups": 0, "rejected_prompts": 0,
       "samples_trained": 0})
   trained_sample_ids: list[str] = dataclasses.field(default_factory=list)
+  last_busy: dict[str, float] = dataclasses.field(default_factory=dict)
+  last_dropped: int = 0
 
 
 def to_trajectories(groups: list[Group]) -> list[Trajectory]:
@@ -86,14 +88,21 @@ async def _train_and_publish(ctx: LoopContext, groups: list[Group], step: int,
   ctx.trained_sample_ids.extend(r.sample_id for g in groups for r in g.responses)
   wall = time.perf_counter() - step_start
   stats = ctx.client.stats()
-  busy = [s.busy_s for s in stats.servers]
+  busy = {s.url: s.busy_s for s in stats.servers}
+  # Busy fraction since the previous step (a server counts as busy with any request in flight).
+  fractions = [(b - ctx.last_busy.get(url, 0.0)) / max(wall, 1e-9) for url, b in busy.items()]
+  ctx.last_busy = busy
+  dropped_now = ctx.counters["dropped_stale"] - ctx.last_dropped
+  ctx.last_dropped = ctx.counters["dropped_stale"]
   record = {
       **train_metrics,
       "step": step + 1, "policy_version": ctx.trainer.policy_version, "mode": cfg.mode.value,
       "async_ratio": cfg.async_ratio, **sample_metrics,
       **times, "time/train_s": t1 - t0, **handoff, "time/step_s": wall,
       "samples_per_s": sample_metrics["num_samples"] / max(wall, 1e-9),
-      "server_busy_s": busy, "client_retries": stats.num_retries,
+      "dropped_stale": dropped_now,
+      "server_busy_fraction": float(np.mean(fractions)) if fractions else 0.0,
+      "client_retries": stats.num_retries,
       "client_malformed": stats.num_malformed, "client_continuations": stats.num_continuations,
       **ctx.extra_metrics(), **{f"total/{k}": v for k, v in ctx.counters.items()},
       "sample_ids": [r.sample_id for g in groups for r in g.responses],

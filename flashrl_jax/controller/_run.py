@@ -94,8 +94,20 @@ def _start_servers(config: RunConfig, cores: list[int], log_dir: str,
     # (still disjoint from the trainer's).
     per_server = (split_cpus(r.num_servers, cores) if r.num_servers <= len(cores)
                   else [[cores[i % len(cores)]] for i in range(r.num_servers)])
-  gpu_ids = list(range(r.num_servers)) if config.resources.platform == "gpu" else None
-  tpu_ids = list(range(r.num_servers)) if config.resources.platform == "tpu" else None
+  gpu_ids = tpu_ids = None
+  if config.resources.platform in ("gpu", "tpu"):
+    # Accelerators 0..R-1 serve rollout (split evenly over the servers); the trainer gets R..R+T-1.
+    devices = config.resources.rollout_devices
+    if devices % r.num_servers:
+      raise ValueError(f"{devices} rollout devices do not split evenly over {r.num_servers} servers.")
+    per = devices // r.num_servers
+    ids = [list(range(i * per, (i + 1) * per)) for i in range(r.num_servers)]
+    if config.resources.platform == "gpu":
+      gpu_ids = ids
+    else:
+      if per != 1:
+        raise ValueError("TPU rollout servers take one chip each; use --rollout_devices = servers.")
+      tpu_ids = [i[0] for i in ids]
   # A trajectory must fit one packed training row, so that is the servers' context too.
   extra = (f"--max_running_requests={r.max_running_requests}",
            f"--context_length={config.train.batch.row_length}", "--weight_version=0")
@@ -134,6 +146,11 @@ def run(config: RunConfig, *, on_step: Callable[[dict], None] | None = None) -> 
   try:
     if config.resources.platform == "cpu":
       os.sched_setaffinity(0, train_cores)  # before JAX starts its thread pool
+    else:  # before JAX initialises its backend: the trainer sees only its own accelerators
+      first = config.resources.rollout_devices if config.mode is Mode.ASYNC else 0
+      visible = ",".join(str(i) for i in range(first, first + config.resources.train_devices))
+      variable = "CUDA_VISIBLE_DEVICES" if config.resources.platform == "gpu" else "TPU_VISIBLE_CHIPS"
+      os.environ[variable] = visible
     return _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step, servers)
   finally:
     if servers is not None:
@@ -207,6 +224,7 @@ def _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step,
                         start_step=start_step, published_version=trainer.policy_version,
                         evaluate=evaluate, initial_eval=initial_eval)
       ctx.counters.update(counters_restored)
+      ctx.last_dropped = ctx.counters["dropped_stale"]
       if config.task.env is not None:
         runner.stats.bind(ctx.counters)
         ctx.extra_metrics = runner.stats.report
