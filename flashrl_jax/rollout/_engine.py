@@ -127,6 +127,10 @@ class Engine:
     requests = [self.submit(p, s) for p, s in zip(prompts, samplings) for _ in range(s.n)]
     return [r.result(timeout) for r in requests]
 
+  def warmup(self, prompt_lengths: Sequence[int] = (1,)) -> concurrent.futures.Future:
+    """Compiles decode and all prefill group sizes for these prompt lengths (between steps)."""
+    return self._call(self.runner.warmup, tuple(prompt_lengths))
+
   def pause(self, mode: PauseMode = PauseMode.ABORT) -> concurrent.futures.Future:
     return self._call(self._do_pause, mode)
 

@@ -176,6 +176,21 @@ class Runner:
     self.state, tokens, logprobs = self._decode(self.params, self.state, self._rows, self._active)
     return jax.device_get((tokens, logprobs))
 
+  def warmup(self, prompt_lengths: Sequence[int] = (1,)) -> None:
+    """Compiles decode and every prefill group size for these prompts' length buckets.
+
+    Dummy rows target slot `num_slots` (out of bounds, dropped), so live slots are untouched.
+    """
+    groups = sorted({self.prefill_bucket([1] * n)[0] for n in range(1, self.max_prefill_batch + 1)})
+    for length in sorted({self.prefill_bucket([n])[1] for n in prompt_lengths}):
+      for g in groups:
+        self.prefill([[0] * length] * g, [self.num_slots] * g, [(Sampling(), 0, ())] * g, [0] * g)
+    rows, active = self._rows, self._active
+    self.set_slots([(None, 0, ())] * self.num_slots, np.zeros(self.num_slots, bool))
+    self.decode()
+    if rows is not None:
+      self._rows, self._active = rows, active
+
   def compiled_count(self) -> int:
     """How many programs have been compiled (weight swaps must not add any)."""
     return self._decode._cache_size() + self._prefill._cache_size()

@@ -22,20 +22,28 @@ from flashrl_jax.model import KVCache
 
 
 class _LayerView:
-  """`view[layer]` is that layer's cache as `[B, S, K, H]` (a transpose XLA folds into the
-  attention dot)."""
+  """`view[layer]` is that layer's cache as `[B, S, K, H]`; the transpose folds into the attention
+  dot, which then reads the buffer in its physical layout."""
 
-  def __init__(self, layers: tuple[jax.Array, ...]):
-    self._layers = layers
+  def __init__(self, layers: tuple[jax.Array, ...], axes: tuple[int, ...]):
+    self._layers, self._axes = layers, axes
 
   def __getitem__(self, layer: int) -> jax.Array:
-    return jnp.swapaxes(self._layers[layer], 1, 2)
+    return jnp.transpose(self._layers[layer], self._axes)
 
 
-def _write_row(buf: jax.Array, row: int, update: jax.Array, start: jax.Array,
+# Keys are stored `[B, K, S, H]` (q.k contracts H, the minor axis); values `[B, K, H, S]` (p.v
+# contracts S, now the minor axis). In `[B, S, K, H]` order a layout is `transpose(_TO_BSKH)`.
+_K_TO_BSKH = (0, 2, 1, 3)
+_V_TO_BSKH = (0, 3, 1, 2)
+_K_FROM_KH = (1, 0, 2)  # one row's [T, K, H] -> [K, T, H]
+_V_FROM_KH = (1, 2, 0)  # one row's [T, K, H] -> [K, H, T]
+
+
+def _write_row(buf: jax.Array, row: int, update: jax.Array, index: tuple,
                keep_old: jax.Array) -> jax.Array:
-  """Writes `update` `[K, T, H]` into `buf[row, :, start:start+T]` unless `keep_old`."""
-  index = (row, 0, start, 0)
+  """Writes `update` (one row, buffer layout minus B) at `(row, *index)` unless `keep_old`."""
+  index = (row, *index)
   old = jax.lax.dynamic_slice(buf, index, (1, *update.shape))
   new = jnp.where(keep_old, old, update[None].astype(buf.dtype))
   return jax.lax.dynamic_update_slice(buf, new, index)
@@ -44,15 +52,16 @@ def _write_row(buf: jax.Array, row: int, update: jax.Array, start: jax.Array,
 @struct.dataclass
 class SlotCache:
   ks: tuple[jax.Array, ...]  # L x [B, K, S, H]
-  vs: tuple[jax.Array, ...]  # L x [B, K, S, H]
+  vs: tuple[jax.Array, ...]  # L x [B, K, H, S]
   lengths: jax.Array  # [B] int32
 
   @classmethod
   def zeros(cls, *, num_layers: int, batch_size: int, max_length: int, num_kv_heads: int,
             head_dim: int, dtype, place=lambda x: x) -> "SlotCache":
-    shape = (batch_size, num_kv_heads, max_length, head_dim)
-    zeros = lambda: tuple(place(jnp.zeros(shape, dtype)) for _ in range(num_layers))
-    return cls(ks=zeros(), vs=zeros(), lengths=place(jnp.zeros((batch_size,), jnp.int32)))
+    zeros = lambda shape: tuple(place(jnp.zeros(shape, dtype)) for _ in range(num_layers))
+    return cls(ks=zeros((batch_size, num_kv_heads, max_length, head_dim)),
+               vs=zeros((batch_size, num_kv_heads, head_dim, max_length)),
+               lengths=place(jnp.zeros((batch_size,), jnp.int32)))
 
   @property
   def max_length(self) -> int:
@@ -60,11 +69,11 @@ class SlotCache:
 
   @property
   def k(self) -> _LayerView:
-    return _LayerView(self.ks)
+    return _LayerView(self.ks, _K_TO_BSKH)
 
   @property
   def v(self) -> _LayerView:
-    return _LayerView(self.vs)
+    return _LayerView(self.vs, _V_TO_BSKH)
 
   def write(self, layer: int, k_new: jax.Array, v_new: jax.Array, positions: jax.Array,
             valid: jax.Array) -> "SlotCache":
@@ -73,9 +82,9 @@ class SlotCache:
       raise ValueError("SlotCache.write takes one token per row; prefill into a KVCache.")
     k, v = self.ks[layer], self.vs[layer]
     for b in range(k_new.shape[0]):
-      skip = ~valid[b, 0]
-      k = _write_row(k, b, jnp.swapaxes(k_new[b], 0, 1), positions[b, 0], skip)
-      v = _write_row(v, b, jnp.swapaxes(v_new[b], 0, 1), positions[b, 0], skip)
+      skip, at = ~valid[b, 0], positions[b, 0]
+      k = _write_row(k, b, jnp.transpose(k_new[b], _K_FROM_KH), (0, at, 0), skip)
+      v = _write_row(v, b, jnp.transpose(v_new[b], _V_FROM_KH), (0, 0, at), skip)
     ks, vs = list(self.ks), list(self.vs)
     ks[layer], vs[layer] = k, v
     return self.replace(ks=tuple(ks), vs=tuple(vs))
@@ -89,7 +98,9 @@ class SlotCache:
       dropped = slot >= b
       row = jnp.minimum(slot, b - 1)
       for layer in range(len(ks)):
-        ks[layer] = _write_row(ks[layer], row, jnp.swapaxes(fresh.k[layer, i], 0, 1), 0, dropped)
-        vs[layer] = _write_row(vs[layer], row, jnp.swapaxes(fresh.v[layer, i], 0, 1), 0, dropped)
+        k_row = jnp.transpose(fresh.k[layer, i], _K_FROM_KH)
+        v_row = jnp.transpose(fresh.v[layer, i], _V_FROM_KH)
+        ks[layer] = _write_row(ks[layer], row, k_row, (0, 0, 0), dropped)
+        vs[layer] = _write_row(vs[layer], row, v_row, (0, 0, 0), dropped)
     lengths = self.lengths.at[slots].set(fresh.lengths, mode="drop")
     return SlotCache(ks=tuple(ks), vs=tuple(vs), lengths=lengths)

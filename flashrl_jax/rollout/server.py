@@ -19,7 +19,6 @@ from absl import app, flags
 from aiohttp import web
 
 from flashrl_jax.rollout._engine import Engine, EngineConfig
-from flashrl_jax.rollout._sampling import Sampling
 from flashrl_jax.rollout._server import build_app
 
 _MODEL_PATH = flags.DEFINE_string("model_path", None, "HF checkpoint directory (safetensors).")
@@ -38,7 +37,8 @@ _PREFILL_BUDGET = flags.DEFINE_integer("prefill_token_budget", 4096,
                                        "Max padded tokens per grouped prefill call.")
 _WEIGHT_VERSION = flags.DEFINE_string("weight_version", "default", "Initial weight version.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seeds requests sent without sampling_seed.")
-_WARMUP = flags.DEFINE_bool("warmup", True, "Compile prefill and decode before listening.")
+_WARMUP = flags.DEFINE_bool("warmup", True, "Compile decode and the shortest prompts' prefill "
+                            "(every group size) before listening.")
 _CACHE_DIR = flags.DEFINE_string("compilation_cache_dir", None,
                                  "JAX persistent compilation cache (faster restarts).")
 
@@ -77,7 +77,7 @@ def main(argv) -> None:
   config = _config()
   engine = Engine(config)
   if _WARMUP.value:
-    engine.generate([[0]], Sampling(max_new_tokens=2, temperature=0, ignore_eos=True))
+    engine.warmup().result()
   args = {"model_path": config.model_path, "tokenizer_path": config.tokenizer_path,
           "host": _HOST.value, "port": _PORT.value, "weight_version": config.weight_version,
           "seed": config.seed, "prefill_token_budget": config.prefill_token_budget}
