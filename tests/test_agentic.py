@@ -1,6 +1,6 @@
-"""Agentic rollout against real stub server processes (no trainer): the multi-turn trajectory layout,
-env-level async with deliberately slow and failing environments, redundant candidates, the lock-step
-baseline, and malformed server responses rejected and retried."""
+"""Agentic rollout against real stub server processes (no trainer): the multi-turn trajectory
+layout, env-level async with deliberately slow and failing environments, redundant candidates, the
+lock-step baseline, and malformed server responses rejected and retried."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The supervisor against real stub processes: a SIGKILLed and a hung server are restarted and rejoin
-on the current policy version without losing a request; a weight publish goes on when a server is
-dead; a killed controller's orphaned servers are reaped by the next run."""
+"""The supervisor against real stub processes: a SIGKILLed and a hung server are restarted and
+rejoin on the current policy version without losing a request; a weight publish goes on when a
+server is dead; a killed controller's orphaned servers are reaped by the next run."""
 
 from __future__ import annotations
 

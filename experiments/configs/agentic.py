@@ -1,4 +1,4 @@
-"""The agentic CPU demo: multi-turn FrozenLake with long-tail tool latency and unreliable environments.
+"""The agentic CPU demo: multi-turn FrozenLake, long-tail tool latency, unreliable environments.
 
 `python -m experiments.train --config=experiments/configs/agentic.py` runs env-level async rollout
 (every episode its own task, no barrier across environments) with redundant env rollout: 3
