@@ -1,10 +1,13 @@
 """Rollout engine invariants, in-process on a tiny random Qwen3: greedy == argmax of the full forward,
 behaviour log-probs == the model's log-softmax at T, sampling frequencies == softmax (chi-square),
-continuous batching, weight swaps without recompiles, and every pause mode keeping every token."""
+continuous batching, weight swaps without recompiles, every pause mode keeping every token, and
+tensor-parallel (2 fake CPU devices) == single device."""
 
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 
 import jax
@@ -269,3 +272,33 @@ def test_mismatched_weights_are_refused_and_old_ones_keep_serving(engine, ckpts,
     assert not ok and message in error
   assert engine.weight_version == version
   assert engine.generate([[70, 71]], GREEDY)[0].output_ids == before.output_ids
+
+
+_TP_SCRIPT = """
+import sys, numpy as np, jax
+from flashrl_jax.rollout import Engine, EngineConfig, Sampling
+assert len(jax.devices()) == 2
+prompts, s = [[5, 6, 7], [8, 9]], Sampling(temperature=0, max_new_tokens=6, ignore_eos=True)
+outs = {}
+for tp in (1, 2):
+  with Engine(EngineConfig(sys.argv[1], max_running_requests=2, context_length=32,
+                           max_prefill_batch=1, tp=tp)) as engine:
+    if tp == 2:
+      spec = engine.runner.params["layers"][0]["mlp"]["up_proj"].get_value().sharding.spec
+      assert spec == jax.sharding.PartitionSpec(None, "tensor"), spec
+    outs[tp] = engine.generate(prompts, s)
+for a, b in zip(outs[1], outs[2]):
+  assert a.output_ids == b.output_ids, (a.output_ids, b.output_ids)
+  np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+print("TP_OK")
+"""
+
+
+@pytest.mark.slow
+def test_tensor_parallel_engine_matches_single_device(ckpts):
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  root = os.path.dirname(os.path.dirname(__file__))
+  proc = subprocess.run([sys.executable, "-c", _TP_SCRIPT, ckpts[0]["a"]], env=env, cwd=root,
+                        capture_output=True, text=True, timeout=300)
+  assert "TP_OK" in proc.stdout, proc.stdout + proc.stderr
