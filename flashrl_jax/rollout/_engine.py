@@ -135,7 +135,7 @@ class Engine:
     return self._call(self._do_pause, mode)
 
   def resume(self) -> concurrent.futures.Future:
-    return self._call(self._do_resume)
+    return self._call(setattr, self, "_paused", None)
 
   def abort(self, rid: str | None = None, abort_all: bool = False) -> concurrent.futures.Future:
     """Finishes matching requests (rid, or the samples of an n>1 group rid) with partial output."""
@@ -327,14 +327,20 @@ class Engine:
   # --- control commands (engine thread) ----------------------------------------------------------
 
   def _abort_everything(self, message: str, *, held_too: bool = True) -> int:
+    return self._abort_matching(lambda r: True, message, held_too=held_too)
+
+  def _abort_matching(self, match, message: str, *, held_too: bool = True) -> int:
+    """Finishes every matching request (queued, held, running) with its partial output."""
     with self._cv:
-      victims = list(self._waiting) + (list(self._held) if held_too else [])
-      self._waiting.clear()
+      victims = [r for r in self._waiting if match(r)]
+      self._waiting = collections.deque(r for r in self._waiting if not match(r))
       if held_too:
-        self._held.clear()
+        victims += [r for r in self._held if match(r)]
+        self._held = [r for r in self._held if not match(r)]
     for slot, request in self._running():
-      self._free(slot)
-      victims.append(request)
+      if match(request):
+        self._free(slot)
+        victims.append(request)
     for request in victims:
       self._finish(request, FinishReason(FinishKind.ABORT, message=message))
     return len(victims)
@@ -350,24 +356,12 @@ class Engine:
         self._waiting.extendleft(reversed(running))
     self._paused = mode
 
-  def _do_resume(self) -> None:
-    self._paused = None
-
   def _do_abort(self, rid: str | None, abort_all: bool) -> int:
     if abort_all:
       return self._abort_everything("aborted by /abort_request")
-    match = lambda r: r.rid == rid or (r.group is not None and r.group == rid)
-    with self._cv:
-      victims = [r for r in list(self._waiting) + self._held if match(r)]
-      for r in victims:
-        (self._waiting if r in self._waiting else self._held).remove(r)
-    for slot, request in self._running():
-      if match(request):
-        self._free(slot)
-        victims.append(request)
-    for request in victims:
-      self._finish(request, FinishReason(FinishKind.ABORT, message="aborted by /abort_request"))
-    return len(victims)
+    if rid is None:
+      return 0
+    return self._abort_matching(lambda r: rid in (r.rid, r.group), "aborted by /abort_request")
 
   def _maybe_apply_update(self) -> None:
     if self._pending_update is None:
