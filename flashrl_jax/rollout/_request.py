@@ -9,50 +9,16 @@ as plain Python lists; the engine thread is the only writer.
 from __future__ import annotations
 
 import dataclasses
-import enum
+import logging
 import threading
 import time
 from typing import Callable
 
+# The protocol's value types are shared with the client, so both sides speak one vocabulary.
+from flashrl_jax.rollout._protocol import FinishKind, FinishReason, VersionSpan
 from flashrl_jax.rollout._sampling import Sampling
 
-
-class PauseMode(enum.Enum):
-  """What `/pause_generation` does to in-flight requests."""
-
-  ABORT = "abort"  # they finish now with their partial output
-  RETRACT = "retract"  # they go back to the queue, KV dropped, and are recomputed on continue
-  IN_PLACE = "in_place"  # they keep their slot and KV, and resume on continue
-
-
-class FinishKind(enum.Enum):
-  STOP = "stop"
-  LENGTH = "length"
-  ABORT = "abort"
-
-
-@dataclasses.dataclass(frozen=True)
-class FinishReason:
-  kind: FinishKind
-  matched: int | str | None = None  # STOP: the stop token id or stop string
-  length: int | None = None  # LENGTH: tokens generated
-  message: str | None = None  # ABORT
-
-  def to_json(self) -> dict:
-    if self.kind is FinishKind.STOP:
-      return {"type": "stop", "matched": self.matched}
-    if self.kind is FinishKind.LENGTH:
-      return {"type": "length", "length": self.length}
-    return {"type": "abort", "message": self.message or "aborted"}
-
-
-@dataclasses.dataclass(frozen=True)
-class VersionSpan:
-  """Output tokens `[start, end)` were produced by weight `version`."""
-
-  version: str
-  start: int
-  end: int
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +106,13 @@ class Request:
   def notify(self, weight_version: str) -> None:
     """Reports progress to a streaming caller (`on_update` always hears the final snapshot)."""
     if self.stream and self.on_update is not None:
-      self.on_update(self.snapshot(weight_version))
+      self._emit(self.snapshot(weight_version))
+
+  def _emit(self, output: Output) -> None:
+    try:  # a caller's callback (e.g. into a closed event loop) must never break the engine loop
+      self.on_update(output)
+    except Exception:  # pylint: disable=broad-except
+      log.exception("on_update callback of request %s failed", self.rid)
 
   def complete(self, finish: FinishReason, weight_version: str) -> None:
     self.finish = finish
@@ -148,7 +120,7 @@ class Request:
     self._final = self.snapshot(weight_version)
     self._done.set()
     if self.on_update is not None:
-      self.on_update(self._final)
+      self._emit(self._final)
 
   # --- caller side -------------------------------------------------------------------------------
 

@@ -12,7 +12,8 @@ import dataclasses
 import uuid
 from typing import Any, Callable, Sequence
 
-from flashrl_jax.rollout._request import FinishKind, Output
+from flashrl_jax.rollout._protocol import FinishKind, FinishReason
+from flashrl_jax.rollout._request import Output
 from flashrl_jax.rollout._sampling import Sampling
 
 
@@ -141,13 +142,21 @@ def _text(out: Output, sampling: Sampling,
   return text
 
 
+def finish_json(finish: FinishReason) -> dict[str, Any]:
+  if finish.kind is FinishKind.STOP:
+    return {"type": "stop", "matched": finish.matched}
+  if finish.kind is FinishKind.LENGTH:
+    return {"type": "length", "length": finish.length}
+  return {"type": "abort", "message": finish.message or "aborted"}
+
+
 def output_json(out: Output, item: GenerateItem, job: GenerateJob,
                 decode: Callable[[Sequence[int], bool], str] | None,
                 index: int | None = None) -> dict[str, Any]:
   """One result object; `decode=None` when the server has no tokenizer (then no `text`)."""
   meta: dict[str, Any] = {
       "id": out.rid,
-      "finish_reason": out.finish.to_json() if out.finish is not None else None,
+      "finish_reason": finish_json(out.finish) if out.finish is not None else None,
       "prompt_tokens": len(out.prompt_ids),
       "completion_tokens": len(out.output_ids),
       "cached_tokens": 0,
