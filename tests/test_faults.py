@@ -145,3 +145,31 @@ def test_orphaned_servers_of_a_killed_controller_are_reaped(tmp_path):
     assert not os.path.exists(pid_file) and reap_orphans(pid_file) == []
   finally:
     servers.stop()
+
+
+def test_external_server_that_comes_back_reloads_before_rejoining(tmp_path):
+  """Not ours to restart (SGLang mode): once it answers again it loads the current version first,
+  so no request runs on the initial weights it restarted with."""
+  weights = tmp_path / "weight_v000004"
+  weights.mkdir()
+  counters: dict[str, int] = {}
+  with start_stubs(2, "stub", "--token_latency_s=0.01", log_dir=str(tmp_path)) as servers:
+    victim = servers.urls[1]
+
+    async def main():
+      async with _client(servers.urls) as client:
+        sup = Supervisor(client, servers=None, counters=counters, config=FAST,
+                         current_version=lambda: (str(weights), 4))
+        async with sup:
+          prompts, tasks = _generate_all(client, 20)
+          await asyncio.sleep(0.08)
+          servers.kill(1)
+          await _until(lambda: victim in sup.recovering)
+          await asyncio.to_thread(servers.restart, 1)  # restarted by someone else, on version 0
+          results = await asyncio.gather(*tasks)
+          assert [r.output_ids for r in results] == [expected(p, 20)[0] for p in prompts]
+          await _until(lambda: victim in client.urls and not sup.recovering)
+          assert _version(victim) == "4"
+
+    asyncio.run(main())
+  assert counters["server_failures"] == 1 and counters["server_restarts"] == 0

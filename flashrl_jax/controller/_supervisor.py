@@ -29,6 +29,8 @@ import logging
 import os
 import signal
 import time
+import urllib.error
+import urllib.request
 from typing import Callable
 
 from flashrl_jax.controller._handoff import export_current
@@ -70,6 +72,7 @@ class Supervisor:
     self.pid_file = pid_file
     self.lock = asyncio.Lock()  # publishes and rejoins
     self._recovering: dict[str, asyncio.Task] = {}
+    self._restarts: set[asyncio.Future] = set()  # restart threads; awaited on exit (no orphans)
     self._watch: dict[str, _Watch] = {}
     self._task: asyncio.Task | None = None
 
@@ -82,6 +85,8 @@ class Supervisor:
     for task in tasks:
       task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    # A thread still starting a server must finish first, or `LocalServers.stop` would miss it.
+    await asyncio.gather(*self._restarts, return_exceptions=True)
 
   @property
   def recovering(self) -> list[str]:
@@ -184,17 +189,30 @@ class Supervisor:
     local = self.servers is not None and url in self.servers.urls
     if local:
       i = self.servers.urls.index(url)
-      await asyncio.to_thread(self.servers.restart, i)
+      restart = asyncio.ensure_future(asyncio.to_thread(self.servers.restart, i))
+      self._restarts.add(restart)
+      restart.add_done_callback(self._restarts.discard)
+      await asyncio.shield(restart)
       self.counters["server_restarts"] += 1
       if self.pid_file:
         record_pids(self.pid_file, self.servers)
       log.info("restarted rollout server %d at %s", i, url)
-    # An external server is simply asked to load the weights until it can (`_recover` retries).
+    else:  # external: wait until it answers, without holding the lock meanwhile
+      while not await asyncio.to_thread(_answers, url):
+        await asyncio.sleep(self.config.rejoin_poll_s)
     async with self.lock:  # no publish in between: the version loaded is the one served
       path, version = self.current_version()
       await self.client.update_weights_from_disk(path, str(version), urls=[url])
       self.client.add_server(url)
     log.info("rollout server %s rejoined at policy version %d", url, version)
+
+
+def _answers(url: str, timeout_s: float = 5.0) -> bool:
+  try:
+    with urllib.request.urlopen(url + "/health_generate", timeout=timeout_s) as r:
+      return r.status == 200
+  except (urllib.error.URLError, OSError):
+    return False
 
 
 # --- orphaned server processes of a killed controller --------------------------------------------
