@@ -6,7 +6,9 @@ exactly `--seq` tokens long, `--prompt` of them prompt, so packing and padding p
 loss (token-mean PPO clipped surrogate against behaviour log-probs, GRPO advantages), the same
 AdamW update with global-norm clipping, float32, on the same CPU cores with the same thread count.
 The PyTorch step is written the efficient way: the LM head is applied to response positions only,
-HF's SDPA attention, `zero_grad(set_to_none=True)`. Steps alternate (ours, torch, ours, ...) so load
+HF's SDPA attention, `zero_grad(set_to_none=True)`, and `OMP_WAIT_POLICY=PASSIVE` (with spinning
+OpenMP workers on a machine shared with other processes, every small PyTorch op is ~50x slower,
+which would make the comparison meaningless in our favour). Steps alternate (ours, torch, ours, ...) so load
 from other processes hits both alike; the medians are reported. Compilation (ours) and a first
 step (torch) are warmed up outside the timings.
 
@@ -159,6 +161,9 @@ def main():
   # XLA sizes its CPU thread pool from the cores this process may use: the affinity above.
   os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=true"
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  # Sleeping (not spinning) OpenMP workers: on a machine shared with other processes, spinning
+  # workers that wait for a descheduled sibling make every small PyTorch op ~50x slower.
+  os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
   import torch
   torch.set_num_threads(args.threads)
   rng = np.random.default_rng(args.seed)
