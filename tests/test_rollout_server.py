@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -271,3 +272,23 @@ def test_mismatched_weights_are_refused_and_old_weights_keep_serving(url, ckpts)
   after = generate(url, **greedy)
   assert after["output_ids"] == before["output_ids"]
   assert after["meta_info"]["weight_version"] == "default"
+
+
+def test_client_disconnect_aborts_its_request(url):
+  tokens = lambda: call(url, "/server_info")[1]["internal_states"][0]["generated_tokens"]
+  before = tokens()
+
+  async def send_and_hang_up():
+    async with aiohttp.ClientSession() as s:
+      post = asyncio.create_task(s.post(url + "/generate", json={
+          "input_ids": [5, 6], "sampling_params": {"max_new_tokens": 500}}))
+      while (await (await s.get(url + "/v1/loads")).json())["loads"][0]["num_used_tokens"] < 10:
+        await asyncio.sleep(0.005)
+      post.cancel()  # closes its connection
+      await asyncio.gather(post, return_exceptions=True)
+  asyncio.run(send_and_hang_up())
+  deadline = time.monotonic() + 30
+  while call(url, "/v1/loads")[1]["loads"][0]["num_running_reqs"]:
+    assert time.monotonic() < deadline
+    time.sleep(0.01)
+  assert tokens() - before < 500  # aborted, not run to the end
