@@ -157,4 +157,4 @@ def test_rollout_server_sigkill_mid_run(tmp_path, model, jax_cache):
   assert last["total/server_restarts"] >= 1 and last["total/server_failures"] >= 1
   assert last["total/episodes_dropped/generation"] == 0  # no request lost
   assert last["total/episodes_dropped/env_failure"] >= 1  # fail-stop environments were dropped
-  assert all("env_step_s/p90" in r for r in records)
+  assert all("env_step_s/count" in r for r in records) and "env_step_s/p90" in last
