@@ -215,6 +215,24 @@ def _uniforms(seed: jax.Array, steps: jax.Array) -> jax.Array:
   return jax.vmap(one)(seed, steps)
 
 
+def _inverse_cdf(weights: jax.Array, u: jax.Array, chunk: int = 128) -> jax.Array:
+  """Index i with cumsum(w)[i-1] <= u * sum(w) < cumsum(w)[i], per row of `weights` `[B, V]`.
+
+  Two levels (chunk sums, then one chunk) so it costs one pass over V instead of a log-depth scan.
+  """
+  b, vocab = weights.shape
+  n = -(-vocab // chunk)
+  chunks = jnp.pad(weights, ((0, 0), (0, n * chunk - vocab))).reshape(b, n, chunk)
+  sums = chunks.sum(-1)  # [B, n]
+  cums = jnp.cumsum(sums, axis=-1)
+  target = u * cums[:, -1]
+  j = jnp.minimum(jnp.sum(cums <= target[:, None], axis=-1), n - 1)
+  start = jnp.take_along_axis(cums - sums, j[:, None], -1)[:, 0]
+  inside = jnp.cumsum(jnp.take_along_axis(chunks, j[:, None, None], 1)[:, 0], axis=-1)  # [B, C]
+  k = jnp.minimum(jnp.sum(inside <= (target - start)[:, None], axis=-1), chunk - 1)
+  return jnp.minimum(j * chunk + k, vocab - 1)
+
+
 def sample(logits: jax.Array, rows: RowSampling, steps: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Draws one token per row. `logits` `[B, V]` float32, `steps` `[B]` = tokens generated so far.
 
@@ -226,13 +244,17 @@ def sample(logits: jax.Array, rows: RowSampling, steps: jax.Array) -> tuple[jax.
   greedy = rows.temperature <= 0
   scaled = logits / jnp.where(greedy, 1.0, rows.temperature)[:, None]
   logp = jax.nn.log_softmax(scaled, axis=-1)
-  truncated = jax.lax.cond(_needs_truncation(rows, vocab), _truncate, lambda x, _: x, scaled, rows)
-  # Inverse-CDF sampling: one uniform per row instead of V Gumbel draws.
-  cdf = jnp.cumsum(jax.nn.softmax(truncated, axis=-1), axis=-1)
-  u = _uniforms(rows.seed, steps) * cdf[:, -1]
-  drawn = jnp.minimum(jnp.sum(cdf <= u[:, None], axis=-1), vocab - 1)
-  # Guard against float round-off landing on a truncated (zero-probability) candidate.
-  drawn = jnp.where(jnp.isfinite(jnp.take_along_axis(truncated, drawn[:, None], -1)[:, 0]), drawn,
-                    jnp.argmax(truncated, axis=-1))
+
+  def draw(_):
+    truncated = jax.lax.cond(_needs_truncation(rows, vocab), _truncate, lambda x, _: x, scaled,
+                             rows)
+    weights = jnp.exp(truncated - jnp.max(truncated, axis=-1, keepdims=True))
+    drawn = _inverse_cdf(weights, _uniforms(rows.seed, steps))
+    # Guard against float round-off landing on a zero-probability (truncated) candidate.
+    ok = jnp.take_along_axis(weights, drawn[:, None], -1)[:, 0] > 0
+    return jnp.where(ok, drawn, jnp.argmax(truncated, axis=-1))
+
+  # An all-greedy batch (e.g. evaluation) skips the random draw entirely.
+  drawn = jax.lax.cond(jnp.all(greedy), lambda _: jnp.zeros(b, jnp.int32), draw, None)
   tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
   return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
