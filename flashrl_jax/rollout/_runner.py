@@ -4,9 +4,9 @@ Why it is separate from the scheduler: everything here is arrays with static sha
 recompiles per request. The weights are a jit *argument* (an `nnx.State` placed on the rollout mesh),
 so a weight swap is a pointer swap. The KV cache and each slot's next input token and step count form
 one pytree (`SlotState`) that both jitted functions take donated and return, so it is updated in
-place. Prefill runs on a small group of prompts padded to a (group, length) bucket, on a fresh cache
-of the bucket's length, and scatters the result into the chosen slots; decode runs one token for
-every slot at once (idle slots add nothing to the cache).
+place. Prefill runs on a small group of prompts padded to a (group, length) bucket, on a fresh model
+cache of the bucket's length, and copies it into the chosen slots (`SlotCache.insert_prefill`);
+decode runs one token for every slot at once (idle slots add nothing to the cache).
 """
 
 from __future__ import annotations
