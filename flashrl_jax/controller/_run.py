@@ -16,6 +16,7 @@ import enum
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from typing import Any, Callable
@@ -72,6 +73,14 @@ def _truncate_metrics(path: str, last_step: int) -> None:
   with open(path, "w") as f:
     for record in kept:
       f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def _drop_future_versions(store: VersionStore, version: int) -> None:
+  """Deletes exports newer than the restored policy: a killed run wrote them after its last
+  checkpoint, so their weights are not the ones this run will train (and must never be served)."""
+  for stale in [v for v in store.versions() if v > version]:
+    log.warning("removing policy version %d exported after the restored checkpoint", stale)
+    shutil.rmtree(store.path(stale))
 
 
 @dataclasses.dataclass
@@ -182,6 +191,7 @@ def _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step,
   _truncate_metrics(logger_path, start_step)
   logger = MetricsLogger(workdir)
   store = VersionStore(os.path.join(workdir, "versions"))
+  _drop_future_versions(store, trainer.policy_version)
   eos = tuple(i for i in ([tokenizer.eos_token_id] + list(model_config.eos_token_ids))
               if i is not None)
   r = config.rollout
