@@ -112,6 +112,10 @@ def test_trainer_sigkill_resumes_from_checkpoint(tmp_path, model, jax_cache):
   assert extra["policy_version"] == extra["step"] == restored
   in_flight = set(extra["source"]["reissue"])
   before = read_metrics(workdir)
+  versions = os.path.join(workdir, "versions")
+  exported_after_checkpoint = {  # weights the resumed run must not serve: rewritten, or gone
+      name: os.stat(os.path.join(versions, name)).st_ino for name in os.listdir(versions)
+      if name.startswith("weight_v") and int(name[len("weight_v"):]) > restored}
 
   second = _start(command, log_path, jax_cache)
   assert second.wait(timeout=300) == 0, open(log_path).read()[-3000:]
@@ -120,6 +124,9 @@ def test_trainer_sigkill_resumes_from_checkpoint(tmp_path, model, jax_cache):
   _check_records(records, 6)
   # Resumed, not restarted: steps up to the checkpoint are the first run's, the rest were redone.
   assert records[:restored] == before[:restored]
+  for name, inode in exported_after_checkpoint.items():
+    path = os.path.join(versions, name)
+    assert not os.path.exists(path) or os.stat(path).st_ino != inode, name
   trained_later = {int(i) // 1000 for r in records[restored:] for i in r["sample_ids"]}
   assert in_flight and in_flight <= trained_later, (in_flight, trained_later)
 
