@@ -96,7 +96,7 @@ def _check_records(records, steps):
 
 def test_trainer_sigkill_resumes_from_checkpoint(tmp_path, model, jax_cache):
   workdir, log_path = str(tmp_path / "run"), str(tmp_path / "train.log")
-  command = _command(workdir, model, "--steps=6")
+  command = _command(workdir, model, "--steps=5")
   first = _start(command, log_path, jax_cache)
   try:
     _wait_for_step(workdir, 2, first)
@@ -121,7 +121,7 @@ def test_trainer_sigkill_resumes_from_checkpoint(tmp_path, model, jax_cache):
   assert second.wait(timeout=300) == 0, open(log_path).read()[-3000:]
   assert not any(_alive(pid) for pid in orphans)  # reaped by the second run
   records = read_metrics(workdir)
-  _check_records(records, 6)
+  _check_records(records, 5)
   # Resumed, not restarted: steps up to the checkpoint are the first run's, the rest were redone.
   assert records[:restored] == before[:restored]
   for name, inode in exported_after_checkpoint.items():
@@ -141,7 +141,7 @@ def _weight_version(url: str) -> int | None:
 
 def test_rollout_server_sigkill_mid_run(tmp_path, model, jax_cache):
   workdir, log_path = str(tmp_path / "run"), str(tmp_path / "train.log")
-  proc = _start(_command(workdir, model, "--steps=5", "--env_fail_slow_prob=0.2",
+  proc = _start(_command(workdir, model, "--steps=4", "--env_fail_slow_prob=0.2",
                          "--env_fail_stop_prob=0.1"), log_path, jax_cache)
   try:
     _wait_for_step(workdir, 1, proc)
@@ -159,7 +159,7 @@ def test_rollout_server_sigkill_mid_run(tmp_path, model, jax_cache):
     if proc.poll() is None:
       proc.kill()
   records = read_metrics(workdir)
-  _check_records(records, 5)
+  _check_records(records, 4)
   last = records[-1]
   assert last["total/server_restarts"] >= 1 and last["total/server_failures"] >= 1
   assert last["total/episodes_dropped/generation"] == 0  # no request lost
