@@ -34,8 +34,8 @@ COMPILATION_CACHE = ".cache/jax_compilation"
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-  """One run: `overrides` keys are RunConfig fields, plus `loss` (a full LossConfig as a dict,
-  fresh defaults) and `rollout` / `resources` / `task` / `optimizer` (partial replacements)."""
+  """One run: `overrides` are RunConfig fields (nested dicts replace inside nested configs), plus
+  `loss` (a whole LossConfig as a dict: its own defaults) and `optimizer` (in `train`)."""
 
   name: str
   overrides: dict[str, Any]
@@ -61,30 +61,43 @@ class RunSpec:
       flags.append(f"--learning_rate={o['optimizer']['learning_rate']}")
     command = f"python -m experiments.train --config={self.config} " + " ".join(flags)
     rest = {k: v for k, v in o.get("loss", {}).items() if k != "name"}
-    if rest or "task" in o:  # not expressible as train.py flags
-      command += f"  # plus loss {rest} task {o.get('task', {})}"
+    extra = {**({"loss": rest} if rest else {}),
+             **{k: o[k] for k in ("task", "agentic", "train") if k in o}}
+    if extra:  # not (all) expressible as train.py flags
+      command += f"  # and {json.dumps(extra, ensure_ascii=False)}"
     return command
 
 
+def _replace(obj, changes: dict):
+  """`dataclasses.replace`, recursing into nested dataclasses for dict values."""
+  updates = {}
+  for key, value in changes.items():
+    current = getattr(obj, key)
+    nested = isinstance(value, dict) and dataclasses.is_dataclass(current)
+    updates[key] = _replace(current, value) if nested else value
+  return dataclasses.replace(obj, **updates)
+
+
 def build_config(spec: RunSpec, workdir: str):
-  """The spec's `RunConfig` (imports the library: call in the child, not in a flag-parsing parent)."""
+  """The spec's `RunConfig` (imports the library: call in the child, not in a flag-parsing parent).
+
+  Overrides replace fields, recursively for nested configs (`{"task": {"env": {...}}}`); `loss` is
+  a whole `LossConfig` (its own defaults, not the base config's), `optimizer` is `train.optimizer`.
+  """
   from experiments.train import load_config_file
   from flashrl_jax.losses import LossConfig
   config = load_config_file(spec.config)
   o = dict(spec.overrides)
-  train_changes = {}
+  train = dict(o.pop("train", {}))
   if "loss" in o:
-    train_changes["loss"] = LossConfig(**o.pop("loss"))
+    train["loss"] = LossConfig(**o.pop("loss"))
   if "optimizer" in o:
-    train_changes["optimizer"] = dataclasses.replace(config.train.optimizer, **o.pop("optimizer"))
-  if train_changes:
-    o["train"] = dataclasses.replace(config.train, **train_changes)
-  for part in ("rollout", "resources", "task"):
-    if part in o:
-      o[part] = dataclasses.replace(getattr(config, part), **o[part])
+    train["optimizer"] = o.pop("optimizer")
+  if train:
+    o["train"] = train
   if o.get("mode") == "sync":
     o.setdefault("async_ratio", 0)
-  return dataclasses.replace(config, workdir=workdir, plot=True, **o)
+  return _replace(config, {**o, "workdir": workdir, "plot": True})
 
 
 def _child(spec_path: str) -> None:

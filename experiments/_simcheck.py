@@ -7,8 +7,8 @@ measurement, calls the benchmark as a subprocess (it owns its flags) and parses 
 
 Decode calibration: the benchmark times one engine alone on one core. The controller gives the
 K servers of an async run the R rollout cores (K > R: they time-share, so each decode step takes
-K/R times longer); a sync run gives every server its own core. That scaling is the only
-adjustment; train, handoff and length models are fitted by the benchmark from the run itself.
+K/R times longer, prefill too); a sync run gives every server its own core. That scaling is the
+only adjustment; train, handoff and length models are fitted by the benchmark from the run itself.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ DEMO_MODEL = ".cache/demo_model"
 
 
 def measure_decode(out_path: str, *, slots: int, context_length: int, core: int = 0) -> dict:
-  """Runs the benchmark's `--measure_decode` pinned to one core; cached in `out_path`."""
+  """Runs the benchmark's `--measure_decode` pinned to one core; cached in `out_path`.
+  Returns `{"decode": {"active", "step_s"}, "prefill_s_per_token"}`."""
   if os.path.exists(out_path):
     with open(out_path) as f:
       return json.load(f)
@@ -32,7 +33,7 @@ def measure_decode(out_path: str, *, slots: int, context_length: int, core: int 
          f"--slots={slots}", f"--context_length={context_length}"]
   out = subprocess.run(cmd, capture_output=True, text=True, check=True,
                        env=dict(os.environ, JAX_PLATFORMS="cpu")).stdout
-  block = json.loads(out.strip().splitlines()[-1])["decode"]
+  block = json.loads(out.strip().splitlines()[-1])  # {"decode": {...}, "prefill_s_per_token"}
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
   with open(out_path, "w") as f:
     json.dump(block, f)
@@ -58,7 +59,9 @@ def calibration(workdir: str, decode: dict, warmup: int) -> dict:
               "prompt_tokens": round(info["prompt_tokens_mean"]),
               "max_len": info["max_new_tokens"], "pause_mode": info["pause_mode"],
               "queue_scheduling": True, "prompt_replication": True},
-      "decode": {"active": decode["active"], "step_s": [s * share for s in decode["step_s"]]},
+      "decode": {"active": decode["decode"]["active"],
+                 "step_s": [s * share for s in decode["decode"]["step_s"]]},
+      "prefill_s_per_token": decode.get("prefill_s_per_token", 0.0) * share,
       "warmup_steps": warmup,
   }
 
