@@ -19,9 +19,10 @@ from flashrl_jax.controller._agentic_episode import (AgenticStats, EpisodeDeps, 
                                                      env_factory)
 from flashrl_jax.controller._loops import to_trajectories
 from flashrl_jax.controller._source import PromptSource
+from flashrl_jax.controller._supervisor import Supervisor
 from flashrl_jax.model._tokenizer import char_tokenizer
 from flashrl_jax.rollout._client import RolloutClient
-from flashrl_jax.rollout._protocol import SamplingParams
+from flashrl_jax.rollout._protocol import PauseMode, SamplingParams
 from flashrl_jax.trainer import BatchConfig, pack
 from tests.rollout_stubs import configure, start_stubs
 
@@ -215,3 +216,45 @@ def test_malformed_responses_are_rejected_and_retried(stubs, mode):
       assert ids.max() < VOCAB
       assert all(lp == pytest.approx(-0.01 * (1 + t % 50))  # the stub's true log-probs
                  for lp, t in zip(np.asarray(r.behavior_logp)[mask], ids))
+
+
+def test_weight_update_mid_episode_continues_the_turn(stubs, tmp_path):
+  """A publish in abort mode lands in the middle of episodes: the aborted turns are continued under
+  the new version, tokens carry the version that produced them, staleness counts from turn one."""
+  weights = tmp_path / "weight_v000001"
+  weights.mkdir()
+  version = {"v": 0}
+  for url in stubs.urls:
+    configure(url, token_latency_s=0.02)
+  try:
+    async def main():
+      async with _client(stubs.urls) as client:
+        await client.update_weights_from_disk(str(weights), "0")
+        runner = _runner(client, env_factory(GAME), n=2, candidates=2)
+        runner.deps.published_version = lambda: version["v"]
+        sup = Supervisor(client, servers=None, counters={},
+                         current_version=lambda: (str(weights), version["v"]))
+        async with sup:
+          tasks = [asyncio.create_task(runner.run(runner.new_group(i, envs.Sample("", ""))))
+                   for i in range(2)]
+          while sum(s.in_flight for s in client.stats().servers) < 2:  # turns are generating
+            await asyncio.sleep(0.005)
+          await sup.handoff(str(weights), 1, PauseMode.ABORT)
+          version["v"] = 1
+          groups = await asyncio.gather(*tasks)
+          return groups, client.stats()
+
+    groups, stats = asyncio.run(main())
+  finally:
+    for url in stubs.urls:
+      configure(url, token_latency_s=0.001)
+  assert stats.num_continuations >= 1
+  spanning = 0
+  for g in groups:
+    for r in g.responses:
+      assert r.start_version == 0  # the version of its first turn, whatever came later
+      trained = [v for v, m in zip(r.token_versions, r.response_mask) if m]
+      assert trained == sorted(trained) and set(trained) <= {0, 1}
+      assert len(r.output_ids) == len(r.token_versions) == len(r.behavior_logp)
+      spanning += set(trained) == {0, 1}
+  assert spanning >= 1
