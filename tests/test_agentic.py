@@ -258,3 +258,18 @@ def test_weight_update_mid_episode_continues_the_turn(stubs, tmp_path):
       assert len(r.output_ids) == len(r.token_versions) == len(r.behavior_logp)
       spanning += set(trained) == {0, 1}
   assert spanning >= 1
+
+
+@pytest.mark.parametrize("agentic, message", [
+    (AgenticConfig(num_env_groups=1), "num_env_groups=1 < batch_size=2"),
+    (AgenticConfig(env_group_size=1), "env_group_size=1 < group_size=2"),
+    (AgenticConfig(env_group_size=3, max_episodes_per_group=2), "max_episodes_per_group"),
+    (AgenticConfig(max_episodes_per_group=ID_STRIDE + 1), "sample id stride"),
+])
+def test_redundancy_can_only_add(agentic, message):
+  from flashrl_jax.controller import RunConfig, TaskConfig
+  with pytest.raises(ValueError, match=message):
+    RunConfig(model_path="m", workdir="w", task=TaskConfig(env=GAME), batch_size=2, group_size=2,
+              agentic=agentic)
+  with pytest.raises(ValueError, match="exactly one"):
+    TaskConfig(env=GAME, dataset_path="x.jsonl")
