@@ -210,8 +210,27 @@ def warmup_steps(records: list[dict], async_ratio: int) -> int:
   return min(async_ratio + 2, max(len(records) - 3, 0))
 
 
+EVAL = "eval/expected_accuracy"
+
+
+def eval_curve(records: list[dict]) -> tuple[list[int], list[float]]:
+  """(steps, values) of the exact held-out evaluation; step 0 is the initial policy."""
+  steps, values = [], []
+  if records and "eval/initial_expected_accuracy" in records[0]:
+    steps.append(0)
+    values.append(float(records[0]["eval/initial_expected_accuracy"]))
+  for r in records:
+    if EVAL in r:
+      steps.append(int(r["step"]))
+      values.append(float(r[EVAL]))
+  return steps, values
+
+
 def summarize(result: RunResult, *, threshold: float, window: int = 11) -> dict[str, Any]:
-  """One table row: final accuracy, steps/time to a threshold, throughput, staleness, drops."""
+  """One table row. Quality: the exact expected accuracy on held-out prompts (`eval/...`, every
+  few steps; noise-free) and the 11-step moving average of the training accuracy (noisy, and in
+  async mode measured on samples of older policies). `steps_to_threshold`: first evaluation at or
+  above `threshold`. Throughput: steady state (see `steady_throughput`) and median-step based."""
   r = result.records
   spec = result.spec.overrides
   alpha = int(spec.get("async_ratio", 0)) if spec.get("mode") != "sync" else 0
@@ -219,30 +238,58 @@ def summarize(result: RunResult, *, threshold: float, window: int = 11) -> dict[
   if not r:
     return row
   acc = moving_average([x["accuracy"] for x in r], window)
-  hit = next((i for i, a in enumerate(acc) if a >= threshold), None)
   cumulative = np.cumsum([x["time/step_s"] for x in r])
+  eval_steps, eval_values = eval_curve(r)
+  hit = next((s for s, v in zip(eval_steps, eval_values) if s > 0 and v >= threshold), None)
   warm = warmup_steps(r, alpha)
+  rest = r[warm:] or r
   row.update({
       "final_accuracy": float(acc[-1]),
-      "max_accuracy_ma": float(acc.max()),
-      "initial_accuracy": float(np.mean([x["accuracy"] for x in r[:3]])),
-      "steps_to_threshold": None if hit is None else hit + 1,
-      "time_to_threshold_s": None if hit is None else float(cumulative[hit]),
+      "initial_eval": eval_values[0] if eval_steps and eval_steps[0] == 0 else None,
+      "final_eval": eval_values[-1] if eval_values else None,
+      "best_eval": max(eval_values) if eval_values else None,
+      "steps_to_threshold": hit,
+      "time_to_threshold_s": None if hit is None else float(cumulative[hit - 1]),
       "wall_s": float(result.summary.get("wall_s", cumulative[-1])),
+      "train_wall_s": float(cumulative[-1]),
       "samples_per_s_e2e": float(result.summary.get("samples_per_s", float("nan"))),
       "samples_per_s_steady": steady_throughput(r, warm),
-      "warmup_steps": warm,
-      "step_s_median": float(np.median([x["time/step_s"] for x in r[warm:] or r])),
       # Robust to the other tenants of this machine: a 10 s stall of a neighbour's job lands in
       # one step's wall time and moves the mean, not the median.
-      "samples_per_s_median": float(np.median([x["num_samples"] for x in r[warm:] or r]) /
-                                    np.median([x["time/step_s"] for x in r[warm:] or r])),
+      "samples_per_s_median": float(np.median([x["num_samples"] for x in rest]) /
+                                    np.median([x["time/step_s"] for x in rest])),
+      "warmup_steps": warm,
+      "step_s_median": float(np.median([x["time/step_s"] for x in rest])),
+      "pause_s_mean": float(np.mean([x.get("time/pause_s", 0.0) for x in rest])),
+      "train_s_mean": float(np.mean([x["time/train_s"] for x in rest])),
+      "wait_data_s_mean": float(np.mean([x.get("time/wait_data_s", 0.0) for x in rest])),
       "staleness_mean": float(np.mean([x.get("staleness_mean", 0.0) for x in r])),
       "staleness_max": int(max(x.get("staleness_max", 0) for x in r)),
       "dropped_stale": int(result.summary.get("counters", {}).get("dropped_stale", 0)),
       "response_length_mean": float(np.mean([x["response_length_mean"] for x in r])),
-      "loadavg": (result.info.get("loadavg_before", [None])[0]),
+      "loadavg": result.info.get("loadavg_before", [None])[0],
   })
+  if row["final_eval"] is not None and row["initial_eval"] is not None:
+    row["eval_gain"] = row["final_eval"] - row["initial_eval"]
+  return row
+
+
+def mean_over_seeds(summaries: list[dict]) -> dict[str, Any]:
+  """One row from the seeds of a cell: numeric means, `<key>_std` for the quality metrics, and
+  for steps/time to threshold the median over the seeds that reached it (None if half did not)."""
+  ok = [s for s in summaries if "samples_per_s_steady" in s]
+  row: dict[str, Any] = {"seeds": len(ok)}
+  if not ok:
+    return row
+  for key, value in ok[0].items():
+    if key in ("steps_to_threshold", "time_to_threshold_s"):
+      hits = sorted(s[key] for s in ok if s.get(key) is not None)
+      row[key] = hits[len(hits) // 2] if 2 * len(hits) > len(ok) else None
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+      values = [s[key] for s in ok if isinstance(s.get(key), (int, float))]
+      row[key] = float(np.mean(values))
+      if key in ("final_eval", "final_accuracy", "eval_gain") and len(values) > 1:
+        row[f"{key}_std"] = float(np.std(values))
   return row
 
 

@@ -40,7 +40,9 @@ def measure_decode(out_path: str, *, slots: int, context_length: int, core: int 
   return block
 
 
-def calibration(workdir: str, decode: dict, warmup: int) -> dict:
+def calibration(workdir: str, decode: dict, warmup: int, scale: float = 1.0) -> dict:
+  """The benchmark's calibration JSON for the run in `workdir`; `scale` multiplies the measured
+  decode and prefill times (see `fitted_scale`)."""
   with open(os.path.join(workdir, "config.json")) as f:
     config = json.load(f)
   with open(os.path.join(workdir, "run_info.json")) as f:
@@ -51,6 +53,7 @@ def calibration(workdir: str, decode: dict, warmup: int) -> dict:
     share = max(servers / config["resources"]["rollout_devices"], 1.0)
   else:
     share = max(servers / cores, 1.0)
+  share *= scale
   return {
       "run": {"mode": config["mode"], "async_ratio": config["async_ratio"],
               "batch_size": config["batch_size"], "group_size": config["group_size"],
@@ -66,25 +69,37 @@ def calibration(workdir: str, decode: dict, warmup: int) -> dict:
   }
 
 
-def compare(workdir: str, decode: dict, warmup: int, seeds: int = 3) -> dict:
-  """{'predicted', 'measured', 'error'} samples/s, or {'error_text'} when the benchmark fails."""
-  path = os.path.join(workdir, "sim_calibration.json")
+def compare(workdir: str, decode: dict, warmup: int, seeds: int = 3, scale: float = 1.0,
+            tag: str = "") -> dict:
+  """{'predicted', 'measured', 'error', 'wait_data_s': (predicted, measured), ...} from the
+  benchmark's report, or {'error_text'} when it fails."""
+  path = os.path.join(workdir, f"sim_calibration{tag}.json")
   with open(path, "w") as f:
-    json.dump(calibration(workdir, decode, warmup), f, indent=1)
+    json.dump(calibration(workdir, decode, warmup, scale), f, indent=1)
   cmd = [sys.executable, "-m", "experiments.benchmarks.sim_vs_measured",
          f"--metrics={os.path.join(workdir, 'metrics.jsonl')}", f"--calibration={path}",
          f"--seeds={seeds}"]
   proc = subprocess.run(cmd, capture_output=True, text=True)
-  with open(os.path.join(workdir, "sim_vs_measured.txt"), "w") as f:
+  with open(os.path.join(workdir, f"sim_vs_measured{tag}.txt"), "w") as f:
     f.write(" ".join(cmd) + "\n" + proc.stdout + proc.stderr)
   return parse_report(proc.stdout) if proc.returncode == 0 else {"error_text": proc.stderr[-500:]}
 
 
+def fitted_scale(sync_report: dict) -> float | None:
+  """Measured / predicted generation time of a sync run (its wait is generation + rewards): the
+  factor by which the standalone decode measurement under-states the servers' real step (HTTP
+  and per-request work, co-tenant load). Fitted on the sync run, applied to the others."""
+  predicted, measured = sync_report.get("wait_data_s", (0.0, 0.0))
+  return measured / predicted if predicted > 0 else None
+
+
 def parse_report(text: str) -> dict:
   out = {}
-  m = re.search(r"samples_per_s: predicted\s+(\S+)\s+measured\s+(\S+)", text)
-  if m:
-    out["predicted"], out["measured"] = float(m.group(1)), float(m.group(2))
+  for name, predicted, measured in re.findall(
+      r"(\w+): predicted\s+(\S+)\s+measured\s+(\S+)", text):
+    out[name] = (float(predicted), float(measured))
+  if "samples_per_s" in out:
+    out["predicted"], out["measured"] = out["samples_per_s"]
   m = re.search(r"sim_error_vs_measured: (\S+)", text)
   if m:
     out["error"] = float(m.group(1))

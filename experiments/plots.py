@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments._runs import moving_average  # noqa: E402
+from experiments._runs import EVAL, eval_curve, moving_average  # noqa: E402
 
 WINDOW = 11
 
@@ -43,23 +43,36 @@ def band(curves: list, window: int = WINDOW, std_multiplier: float = 1.0):
   return mean, mean - std_multiplier * spread, mean + std_multiplier * spread, kind
 
 
-def _series(records: list[dict], metric: str) -> list[float]:
-  return [float(r[metric]) for r in records]
+def _series(records: list[dict], metric: str) -> tuple[np.ndarray, list[float]]:
+  """(steps, values): every step for per-step metrics, the evaluations (step 0 = initial) for
+  `eval/expected_accuracy`."""
+  if metric == EVAL:
+    steps, values = eval_curve(records)
+    return np.asarray(steps), values
+  return np.arange(1, len(records) + 1), [float(r[metric]) for r in records]
 
 
 def plot_bands(ax, labelled: dict[str, list[list[dict]]], metric: str, *, window: int = WINDOW,
                baseline: str | None = None) -> str:
   """One smoothed line + band per label (`labelled[label]` = one record list per seed).
-  `baseline`'s final smoothed value is drawn as a dashed line (the paper's sync reference)."""
+  `baseline`'s final smoothed value is drawn as a dashed line (the paper's sync reference).
+  Evaluations (every few steps, exact) are not smoothed: window 1, band across seeds only."""
   kind = "window"
+  if metric == EVAL:
+    window = 1
   for i, (label, runs) in enumerate(labelled.items()):
     runs = [r for r in runs if r]
     if not runs:
       continue
-    mean, lo, hi, kind = band([_series(r, metric) for r in runs], window)
-    steps = np.arange(1, len(mean) + 1)
+    series = [_series(r, metric) for r in runs]
+    n = min(len(values) for _, values in series)
+    if n == 0:
+      continue
+    mean, lo, hi, kind = band([values for _, values in series], window)
+    steps = series[0][0][:n]
     color = f"C{i}"
-    ax.plot(steps, mean, color=color, label=label)
+    ax.plot(steps, mean, color=color, label=label, marker="o" if metric == EVAL else None,
+            markersize=3)
     ax.fill_between(steps, lo, hi, color=color, alpha=0.18, linewidth=0)
     if label == baseline:
       ax.axhline(mean[-1], color=color, linestyle="--", linewidth=0.8)
@@ -84,8 +97,7 @@ def ablation_figure(grid: dict[str, dict[str, list[list[dict]]]], metric: str, p
   for ax in list(axes.flat)[len(names):]:
     ax.axis("off")
   axes.flat[0].legend(fontsize=8)
-  band_text = ("±std across seeds" if kind == "seeds" else "±std inside the window (1 seed)")
-  fig.suptitle(f"{title} ({WINDOW}-step moving average, band {band_text})", fontsize=10)
+  fig.suptitle(f"{title} ({_band_text(metric, kind)})", fontsize=10)
   return _save(fig, path)
 
 
@@ -95,8 +107,7 @@ def curves_figure(labelled: dict[str, list[list[dict]]], metric: str, path: str,
   kind = plot_bands(ax, labelled, metric, baseline=baseline)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
-  band_text = "±std across seeds" if kind == "seeds" else "±std inside the window"
-  ax.set_title(f"{title} ({WINDOW}-step MA, {band_text})", fontsize=9)
+  ax.set_title(f"{title} ({_band_text(metric, kind)})", fontsize=9)
   return _save(fig, path)
 
 
@@ -121,6 +132,14 @@ def bars_figure(labels: list[str], series: dict[str, list[float]], path: str, *,
   ax.legend(loc="upper left", fontsize=8)
   ax.set_title(title, fontsize=10)
   return _save(fig, path)
+
+
+def _band_text(metric: str, kind: str) -> str:
+  if metric == EVAL:
+    return "exact held-out evaluation; band ±std across seeds" if kind == "seeds" else \
+        "exact held-out evaluation, 1 seed"
+  spread = "±std across seeds" if kind == "seeds" else "±std inside the window (1 seed)"
+  return f"{WINDOW}-step moving average, band {spread}"
 
 
 def _save(fig, path: str) -> str:

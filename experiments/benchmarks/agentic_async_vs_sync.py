@@ -57,6 +57,8 @@ _TTFT_S = flags.DEFINE_float("ttft_s", 0.02, "Time to first token (per request).
 _TURN_TOKENS = flags.DEFINE_integer("turn_tokens", 32, "Tokens per model turn.")
 _TRAIN_S = flags.DEFINE_float("train_s", 1.0, "Simulated train step time.")
 _SERVERS = flags.DEFINE_integer("num_servers", 2, "Rollout servers.")
+_SLOW = flags.DEFINE_float("fail_slow_prob", 0.02, "P(an env step takes another 10x).")
+_STOP = flags.DEFINE_float("fail_stop_prob", 0.01, "P(an env step raises).")
 
 VOCAB = 96  # the char tokenizer's
 
@@ -66,7 +68,8 @@ def env_config() -> envs.EnvConfig:
       kind=envs.EnvKind.FROZEN_LAKE,
       latency=envs.LatencyConfig(kind=envs.LatencyKind.LONG_TAIL, mean_s=_ENV_MEDIAN.value,
                                  sigma=0.6, tail_prob=0.05, tail_factor=10.0),
-      failure=envs.FailureConfig(slow_prob=0.02, slow_factor=10.0, stop_prob=0.01))
+      failure=envs.FailureConfig(slow_prob=_SLOW.value, slow_factor=10.0,
+                                 stop_prob=_STOP.value))
 
 
 def make_env(level_seed: int, candidate: int) -> envs.AsyncEnvironment:
@@ -137,8 +140,9 @@ def main(argv):
       extra_args=(f"--vocab_size={VOCAB}", "--max_running_requests=512",
                   f"--latency_s={_TTFT_S.value}", f"--token_latency_s={_TOKEN_S.value}"))
   b, n = _BATCH.value, _GROUP.value
-  print(f"FrozenLake, 3-12 turns, env step lognormal median {_ENV_MEDIAN.value}s (5% x10, 2% "
-        f"fail-slow x10, 1% fail-stop); {_SERVERS.value} stub servers, "
+  print(f"FrozenLake, 3-12 turns, env step lognormal median {_ENV_MEDIAN.value}s (5% x10, "
+        f"{_SLOW.value:.0%} fail-slow x10, {_STOP.value:.0%} fail-stop); "
+        f"{_SERVERS.value} stub servers, "
         f"{_TTFT_S.value}s + {_TOKEN_S.value}s/token, {_TURN_TOKENS.value} tokens/turn; "
         f"B={b} groups x n={n}, {b * n} env instances; train {_TRAIN_S.value}s/step; "
         f"{_STEPS.value} steps per mode", flush=True)
