@@ -43,7 +43,7 @@ def logits_fns(ckpts):
 def engine(ckpts):
   paths, _ = ckpts
   eng = Engine(EngineConfig(paths["a"], max_running_requests=4, context_length=PAD,
-                            max_prefill_batch=1))
+                            max_prefill_batch=1, min_decode_batch=2))
   yield eng
   eng.shutdown()
 
@@ -90,6 +90,20 @@ def test_greedy_equals_full_forward_argmax(engine, logits_fns):
     np.testing.assert_allclose(out.logprobs, logps, atol=1e-4)
     assert out.finish.kind is FinishKind.LENGTH and out.finish.length == 12
     assert [(s.version, s.start, s.end) for s in out.versions] == [("default", 0, 12)]
+
+
+def test_tail_requests_packed_into_a_smaller_decode_batch_keep_their_kv(engine, logits_fns):
+  prompts = [[5, 6], [7, 8, 9], [10], [11, 12, 13, 14]]
+  lengths = [2, 14, 3, 14]  # the short ones finish; slot 3's request moves to slot 0
+  computed = engine.stats.computed_slot_steps
+  outs = engine.generate(prompts, [Sampling(temperature=0, max_new_tokens=n, ignore_eos=True)
+                                   for n in lengths])
+  for prompt, n, out in zip(prompts, lengths, outs):
+    tokens, logps = greedy_reference(logits_fns["a"], prompt, n)
+    assert list(out.output_ids) == tokens
+    np.testing.assert_allclose(out.logprobs, logps, atol=1e-4)
+  assert engine.runner.decode_sizes == [2, 4]
+  assert engine.stats.computed_slot_steps - computed < 4 * 13  # some steps ran on 2 slots
 
 
 @pytest.mark.parametrize("options", [dict(temperature=0.7, top_p=0.8),

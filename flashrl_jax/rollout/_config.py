@@ -28,12 +28,15 @@ class EngineConfig:
   min_prefill_len: int = 16
   max_prefill_batch: int = 4
   prefill_token_budget: int = 4096
+  # Decode runs on the smallest power-of-two prefix of slots (>= this) holding every running request
+  # (they are packed to the front), so a long tail of few requests costs less per token.
+  min_decode_batch: int = 4
   weight_version: str = "default"
   seed: int = 0
   tokenizer_path: str | None = None  # default: model_path when it holds a tokenizer.json
 
   def __post_init__(self):
-    if self.max_running_requests < 1 or self.max_prefill_batch < 1 or self.tp < 1:
+    if min(self.max_running_requests, self.max_prefill_batch, self.tp, self.min_decode_batch) < 1:
       raise ValueError(f"max_running_requests, max_prefill_batch and tp must be >= 1: {self}")
     if self.context_length is not None and self.context_length < 2:
       raise ValueError(f"context_length must be >= 2, got {self.context_length}.")
@@ -44,11 +47,18 @@ class EngineStats:
   """Counters for benchmarks and `/server_info` (slot-steps = slots x decode steps)."""
 
   decode_steps: int = 0
-  busy_slot_steps: int = 0
+  busy_slot_steps: int = 0  # slot-steps that produced a token
+  computed_slot_steps: int = 0  # slot-steps decode computed (the decode batch size, summed)
   prefill_calls: int = 0
   prefill_tokens: int = 0
   generated_tokens: int = 0
 
   def idle_fraction(self, num_slots: int) -> float:
+    """Slot-steps in which a slot held no request (what static batching wastes)."""
     total = self.decode_steps * num_slots
+    return 1.0 - self.busy_slot_steps / total if total else 0.0
+
+  def wasted_compute_fraction(self) -> float:
+    """Decode work spent on rows without a request (lower than idle: the batch shrinks)."""
+    total = self.computed_slot_steps
     return 1.0 - self.busy_slot_steps / total if total else 0.0

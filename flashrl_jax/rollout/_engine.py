@@ -43,7 +43,8 @@ class Engine:
                          context_length=self.context_length, dtype=config.dtype,
                          mesh=rollout_mesh(config.tp, devices),
                          min_prefill_len=config.min_prefill_len,
-                         max_prefill_batch=config.max_prefill_batch)
+                         max_prefill_batch=config.max_prefill_batch,
+                         min_decode_batch=config.min_decode_batch)
     self.model_config = self.runner.config
     self.vocab_size = self.model_config.vocab_size
     self.tokenizer = None
@@ -298,16 +299,29 @@ class Engine:
           self._slots_dirty = True
 
   def _step(self) -> None:
+    size = self.runner.decode_size(len(self._running()))
+    self._pack(size)
     if self._slots_dirty:
       rows = [self._sampling_row(r) if r is not None else (None, 0, ()) for r in self._slots]
       self.runner.set_slots(rows, np.array([r is not None for r in self._slots]))
       self._slots_dirty = False
-    tokens, logprobs = self.runner.decode()
+    tokens, logprobs = self.runner.decode(size)
     running = self._running()
     self.stats.decode_steps += 1
     self.stats.busy_slot_steps += len(running)
+    self.stats.computed_slot_steps += size
     for slot, request in running:
       self._on_token(request, int(tokens[slot]), float(logprobs[slot]), slot=slot)
+
+  def _pack(self, size: int) -> None:
+    """Moves running requests into the first `size` slots, so decode can run on that prefix."""
+    free = [i for i in range(size) if self._slots[i] is None]
+    for slot, request in self._running():
+      if slot >= size:
+        dst = free.pop(0)
+        self.runner.move(slot, dst)
+        self._slots[dst], self._slots[slot] = request, None
+        self._slots_dirty = True
 
   def _on_token(self, request: Request, token: int, logprob: float, slot: int | None) -> None:
     request.append(token, logprob, self.weight_version)

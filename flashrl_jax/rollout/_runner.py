@@ -78,7 +78,8 @@ class Runner:
   """Holds the model on the rollout mesh and runs prefill/decode on the slot state."""
 
   def __init__(self, model_path: str, *, num_slots: int, context_length: int, dtype=jnp.float32,
-               mesh: Mesh | None = None, min_prefill_len: int = 16, max_prefill_batch: int = 4):
+               mesh: Mesh | None = None, min_prefill_len: int = 16, max_prefill_batch: int = 4,
+               min_decode_batch: int = 4):
     self.config: ModelConfig = read_config(model_path)
     self.mesh = mesh if mesh is not None else rollout_mesh(1)
     self.num_slots, self.context_length = num_slots, context_length
@@ -96,7 +97,11 @@ class Runner:
     self._cache_sharding = NamedSharding(self.mesh, spec)
     self._replicated = NamedSharding(self.mesh, P())
     self.state = self._zero_state()
-    self._decode = jax.jit(self._decode_impl, donate_argnums=(1,))
+    self._decode = jax.jit(self._decode_impl, donate_argnums=(1,), static_argnums=(4,))
+    self._move = jax.jit(self._move_impl, donate_argnums=(0,))
+    # Decode batch sizes: powers of two from `min_decode_batch` up to all slots.
+    self.decode_sizes = sorted({min(num_slots, min_decode_batch << i)
+                                for i in range(max(1, num_slots.bit_length()))})
     self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1,))
     self._rows: RowSampling | None = None
     self._active: jax.Array | None = None
@@ -171,10 +176,21 @@ class Runner:
     new_tokens, logprobs = jax.device_get((new_tokens, logprobs))
     return new_tokens[:n], logprobs[:n]
 
-  def decode(self) -> tuple[np.ndarray, np.ndarray]:
-    """One token for every active slot; returns `[B]` tokens and log-probs (idle slots: junk)."""
-    self.state, tokens, logprobs = self._decode(self.params, self.state, self._rows, self._active)
+  def decode_size(self, num_running: int) -> int:
+    """The decode batch (a prefix of the slots) that holds `num_running` packed requests."""
+    return next(n for n in self.decode_sizes if n >= num_running)
+
+  def decode(self, size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One token for every active slot among the first `size` (default all); returns `[size]`
+    tokens and log-probs (idle slots: junk)."""
+    size = size or self.num_slots
+    self.state, tokens, logprobs = self._decode(self.params, self.state, self._rows, self._active,
+                                                size)
     return jax.device_get((tokens, logprobs))
+
+  def move(self, src: int, dst: int) -> None:
+    """Moves a running request's slot state (KV, next token, step count) from `src` to `dst`."""
+    self.state = self._move(self.state, np.int32(src), np.int32(dst))
 
   def warmup(self, prompt_lengths: Sequence[int] = (1,)) -> None:
     """Compiles decode and every prefill group size for these prompts' length buckets.
@@ -187,13 +203,16 @@ class Runner:
         self.prefill([[0] * length] * g, [self.num_slots] * g, [(Sampling(), 0, ())] * g, [0] * g)
     rows, active = self._rows, self._active
     self.set_slots([(None, 0, ())] * self.num_slots, np.zeros(self.num_slots, bool))
-    self.decode()
+    for size in self.decode_sizes:
+      self.decode(size)
+    self.move(0, 0)
     if rows is not None:
       self._rows, self._active = rows, active
 
   def compiled_count(self) -> int:
     """How many programs have been compiled (weight swaps must not add any)."""
-    return self._decode._cache_size() + self._prefill._cache_size()
+    return (self._decode._cache_size() + self._prefill._cache_size() +
+            self._move._cache_size())
 
   # --- jitted bodies -----------------------------------------------------------------------------
 
@@ -217,14 +236,28 @@ class Runner:
     return self._constrain(state), new_tokens, logprobs
 
   def _decode_impl(self, params: nnx.State, state: SlotState, rows: RowSampling,
-                   active: jax.Array):
+                   active: jax.Array, size: int):
     model = nnx.merge(self.graphdef, params)
+    head = lambda x: x[:size]
+    cache = state.cache if size == self.num_slots else state.cache.prefix(size)
+    active, tokens, steps = head(active), head(state.tokens), head(state.steps)
     num_new = active.astype(jnp.int32)
-    hidden, cache = model.extend(state.tokens[:, None], num_new, state.cache)
-    new_tokens, logprobs = sample(model.logits(hidden[:, 0]), rows, state.steps)
-    new_tokens = jnp.where(active, new_tokens, state.tokens)
-    state = SlotState(cache=cache, tokens=new_tokens, steps=state.steps + num_new)
+    hidden, cache = model.extend(tokens[:, None], num_new, cache)
+    new_tokens, logprobs = sample(model.logits(hidden[:, 0]), jax.tree.map(head, rows), steps)
+    new_tokens = jnp.where(active, new_tokens, tokens)
+    new_steps = steps + num_new
+    if size < self.num_slots:  # write the prefix back (in place: the state is donated)
+      put = lambda full, part: jax.lax.dynamic_update_slice(full, part, (0,) * full.ndim)
+      state = SlotState(cache=state.cache.with_prefix(cache), tokens=put(state.tokens, new_tokens),
+                        steps=put(state.steps, new_steps))
+    else:
+      state = SlotState(cache=cache, tokens=new_tokens, steps=new_steps)
     return self._constrain(state), new_tokens, logprobs
+
+  def _move_impl(self, state: SlotState, src: jax.Array, dst: jax.Array) -> SlotState:
+    move = lambda x: x.at[dst].set(x[src])
+    return self._constrain(SlotState(cache=state.cache.move_row(src, dst),
+                                     tokens=move(state.tokens), steps=move(state.steps)))
 
 
 def describe(runner: Runner) -> dict[str, Any]:

@@ -104,3 +104,25 @@ class SlotCache:
         vs[layer] = _write_row(vs[layer], row, v_row, (0, 0, 0), dropped)
     lengths = self.lengths.at[slots].set(fresh.lengths, mode="drop")
     return SlotCache(ks=tuple(ks), vs=tuple(vs), lengths=lengths)
+
+  # --- decoding on the first rows only -------------------------------------------------------------
+  # When few requests are left (the tail of a long-tail batch), they are packed into the first rows
+  # and decode runs on that prefix: attention and the sampler then cost O(prefix), not O(slots).
+
+  def prefix(self, n: int) -> "SlotCache":
+    return SlotCache(ks=tuple(k[:n] for k in self.ks), vs=tuple(v[:n] for v in self.vs),
+                     lengths=self.lengths[:n])
+
+  def with_prefix(self, part: "SlotCache") -> "SlotCache":
+    """This cache with its first rows replaced by `part` (in place on a donated buffer)."""
+    put = lambda full, rows: jax.lax.dynamic_update_slice(full, rows, (0,) * full.ndim)
+    return SlotCache(ks=tuple(map(put, self.ks, part.ks)), vs=tuple(map(put, self.vs, part.vs)),
+                     lengths=put(self.lengths, part.lengths))
+
+  def move_row(self, src: jax.Array, dst: jax.Array) -> "SlotCache":
+    """Copies row `src` (its KV and length) to row `dst`."""
+    def move(buf):
+      row = jax.lax.dynamic_slice_in_dim(buf, src, 1, axis=0)
+      return jax.lax.dynamic_update_slice_in_dim(buf, row, dst, axis=0)
+    return SlotCache(ks=tuple(map(move, self.ks)), vs=tuple(map(move, self.vs)),
+                     lengths=move(self.lengths))
