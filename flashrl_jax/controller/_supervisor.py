@@ -65,7 +65,8 @@ class Supervisor:
                current_version: Callable[[], tuple[str, int]], counters: dict[str, int],
                config: SupervisorConfig = SupervisorConfig(), pid_file: str | None = None):
     self.client, self.servers, self.config = client, servers, config
-    self.current_version = current_version  # (exported path, version) the fleet must serve
+    self.current_version = current_version  # (exported path, version) served before a handoff
+    self._served: tuple[str, int] | None = None  # what the last handoff made the fleet serve
     self.counters = counters
     self.counters.setdefault("server_restarts", 0)
     self.counters.setdefault("server_failures", 0)
@@ -113,6 +114,7 @@ class Supervisor:
       try:
         await self._tolerant(
             lambda u: self.client.update_weights_from_disk(path, str(version), urls=u), urls)
+        self._served = (path, version)  # servers recovering from now on load this one
       finally:
         t3 = time.perf_counter()
         await self._tolerant(lambda u: self.client.continue_generation(urls=u), self.client.urls)
@@ -201,7 +203,7 @@ class Supervisor:
       while not await asyncio.to_thread(_answers, url):
         await asyncio.sleep(self.config.rejoin_poll_s)
     async with self.lock:  # no publish in between: the version loaded is the one served
-      path, version = self.current_version()
+      path, version = self._served or self.current_version()
       await self.client.update_weights_from_disk(path, str(version), urls=[url])
       self.client.add_server(url)
     log.info("rollout server %s rejoined at policy version %d", url, version)
