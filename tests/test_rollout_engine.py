@@ -169,11 +169,11 @@ def test_stop_token_stop_string_and_min_new_tokens(engine):
   first = ref.index(stop_id)
   assert out.output_ids == ref[:first + 1]
   assert out.finish.kind is FinishKind.STOP and out.finish.matched == stop_id
-  text = engine.decode_text(ref)
+  text = engine.tokenizer.decode(ref)
   stop = text[5:7]
   out = engine.generate([prompt], Sampling(temperature=0, max_new_tokens=12, ignore_eos=True,
                                            stop=[stop]))[0]
-  assert out.finish.matched == stop and engine.decode_text(out.output_ids).endswith(stop)
+  assert out.finish.matched == stop and engine.tokenizer.decode(out.output_ids).endswith(stop)
   assert len(out.output_ids) <= 7
   banned = Sampling(temperature=0, max_new_tokens=6, ignore_eos=True, min_new_tokens=3,
                     stop_token_ids=[ref[0]])

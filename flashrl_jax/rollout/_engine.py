@@ -25,9 +25,9 @@ import numpy as np
 from flashrl_jax.model import load_tokenizer, read_config
 from flashrl_jax.rollout._config import EngineConfig, EngineStats
 from flashrl_jax.rollout._protocol import FinishKind, FinishReason, PauseMode
-from flashrl_jax.rollout._request import Output, Request
+from flashrl_jax.rollout._request import Output, Request, validate_request
 from flashrl_jax.rollout._runner import Runner, rollout_mesh
-from flashrl_jax.rollout._sampling import MAX_STOP_IDS, Sampling
+from flashrl_jax.rollout._sampling import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -86,17 +86,8 @@ class Engine:
 
   def validate(self, prompt_ids: Sequence[int], sampling: Sampling) -> None:
     """Raises ValueError for a request this engine cannot serve (checked before queuing)."""
-    if not prompt_ids:
-      raise ValueError("the prompt is empty.")
-    bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
-    if bad:
-      raise ValueError(f"token ids {bad[:8]} are outside the vocabulary [0, {self.vocab_size}).")
-    if len(prompt_ids) >= self.context_length:
-      raise ValueError(f"the prompt has {len(prompt_ids)} tokens; this server's context length is "
-                       f"{self.context_length} (prompt + output).")
-    banned = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(self.eos_ids))
-    if len(banned) > MAX_STOP_IDS:
-      raise ValueError(f"at most {MAX_STOP_IDS} stop token ids (eos included) are supported.")
+    validate_request(prompt_ids, sampling, vocab_size=self.vocab_size,
+                     context_length=self.context_length, eos_ids=self.eos_ids)
 
   def submit(self, prompt_ids: Sequence[int], sampling: Sampling = Sampling(), *,
              rid: str | None = None, group: str | None = None,
@@ -174,11 +165,6 @@ class Engine:
               "num_waiting_reqs": len(self._waiting) + len(self._held),
               "num_used_tokens": sum(len(r.prompt_ids) + r.num_generated for r in running),
               "max_total_num_tokens": self.context_length * len(self._slots)}
-
-  def decode_text(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str | None:
-    if self.tokenizer is None:
-      return None
-    return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
   def shutdown(self, timeout: float = 30.0) -> None:
     with self._cv:
@@ -326,18 +312,13 @@ class Engine:
   def _on_token(self, request: Request, token: int, logprob: float, slot: int | None) -> None:
     request.append(token, logprob, self.weight_version)
     self.stats.generated_tokens += 1
-    finish = request.check_finish(self._stop_decoder(request))
+    finish = request.check_finish(self.tokenizer)
     if finish is None:
       request.notify(self.weight_version)
       return
     if slot is not None:
       self._free(slot)
     self._finish(request, finish)
-
-  def _stop_decoder(self, request: Request):
-    if not request.sampling.stop or self.tokenizer is None:
-      return None
-    return lambda ids: self.tokenizer.decode(ids, request.sampling.skip_special_tokens)
 
   # --- control commands (engine thread) ----------------------------------------------------------
 

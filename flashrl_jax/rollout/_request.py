@@ -12,11 +12,11 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 # The protocol's value types are shared with the client, so both sides speak one vocabulary.
 from flashrl_jax.rollout._protocol import FinishKind, FinishReason, VersionSpan
-from flashrl_jax.rollout._sampling import Sampling
+from flashrl_jax.rollout._sampling import MAX_STOP_IDS, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,22 @@ class Output:
   finish: FinishReason | None  # None while still running
   weight_version: str
   latency_s: float
+
+
+def validate_request(prompt_ids: Sequence[int], sampling: Sampling, *, vocab_size: int,
+                     context_length: int, eos_ids: Sequence[int]) -> None:
+  """Raises ValueError for a request an engine with these limits cannot serve."""
+  if not prompt_ids:
+    raise ValueError("the prompt is empty.")
+  bad = [t for t in prompt_ids if not 0 <= t < vocab_size]
+  if bad:
+    raise ValueError(f"token ids {bad[:8]} are outside the vocabulary [0, {vocab_size}).")
+  if len(prompt_ids) >= context_length:
+    raise ValueError(f"The input ({len(prompt_ids)} tokens) is longer than the model's context "
+                     f"length ({context_length} tokens, prompt + output).")
+  banned = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(eos_ids))
+  if len(banned) > MAX_STOP_IDS:
+    raise ValueError(f"at most {MAX_STOP_IDS} stop token ids (eos included) are supported.")
 
 
 class Request:
@@ -77,17 +93,16 @@ class Request:
     else:
       self.versions.append([version, index, index + 1])
 
-  def check_finish(self, decode: Callable[[list[int]], str] | None) -> FinishReason | None:
+  def check_finish(self, tokenizer) -> FinishReason | None:
     """The finish reason after the last appended token, if it ends the request."""
     n = len(self.output_ids)
-    last = self.output_ids[-1] if n else None
-    if n and n >= self.sampling.min_new_tokens and last in self.stop_ids:
-      return FinishReason(FinishKind.STOP, matched=last)
-    if n and self.sampling.stop and decode is not None and n >= self.sampling.min_new_tokens:
+    if n >= self.sampling.min_new_tokens and n and self.output_ids[-1] in self.stop_ids:
+      return FinishReason(FinishKind.STOP, matched=self.output_ids[-1])
+    if n >= self.sampling.min_new_tokens and n and self.sampling.stop and tokenizer is not None:
       # As in SGLang, a match anywhere in a tail window counts (each token decodes to >= 1 char
       # except rare byte pieces, hence the margin); earlier matches would have stopped us already.
       window = max(len(s) for s in self.sampling.stop) + 8
-      tail = decode(self.output_ids[-window:])
+      tail = tokenizer.decode(self.output_ids[-window:], self.sampling.skip_special_tokens)
       for stop in self.sampling.stop:
         if stop in tail:
           return FinishReason(FinishKind.STOP, matched=stop)
