@@ -68,7 +68,8 @@ class Pool:
       self.busy[k] += 1
     self.peak[k] = max(self.peak[k], self.busy[k])
     try:
-      self.tokens[k] += await self.servers[k].generate(prompt, int(length))
+      decoded = await self.servers[k].generate(prompt, int(length))
+      self.tokens[k] += decoded  # not `+= await`: that reads the count before awaiting
     finally:
       self.busy[k] -= 1
       async with self.freed:
