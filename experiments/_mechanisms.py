@@ -155,25 +155,37 @@ async def run_round(pool: Pool, case: Case, prompts: Sequence, lengths_for: Call
           "server_tokens": list(pool.tokens), "peak_busy": list(pool.peak)}
 
 
+RATIOS = {  # name: (slower policy, faster policy)
+    "queue_gain": ("batch_replicate", "queue_replicate"),
+    "queue_gain_group": ("batch_group", "queue_group"),
+    "replication_gain": ("queue_group", "queue_replicate"),
+    "replication_gain_batch": ("batch_group", "batch_replicate"),
+    "both_gain": ("batch_group", "queue_replicate"),
+}
+
+
 def aggregate(rows: list[dict], laws: Sequence[str], batches: Sequence[int]) -> list[dict]:
-  """One row per (lengths, B): mean ± std generation seconds of the four policies, and ratios."""
+  """One row per (lengths, B): mean ± std generation seconds of the four policies, and each
+  ratio as the geometric mean over seeds of the paired per-seed ratios (a seed is the same length
+  draws and filtering decisions for every policy, so pairing removes the workload's variance)."""
   out = []
   for law in laws:
     for b in batches:
       row = {"lengths": law, "batch": b}
+      by_seed: dict[str, dict[int, float]] = {}
       for sched, place in POLICIES:
-        times = [r["generation_s"] for r in rows
-                 if (r["lengths"], r["batch"], r["scheduling"], r["placement"]) ==
-                 (law, b, sched, place)]
-        if times:
-          row[f"{sched}_{place}"] = float(np.mean(times))
-          row[f"{sched}_{place}_std"] = float(np.std(times))
-      if all(f"{s}_{p}" in row for s, p in POLICIES):
-        row["queue_gain"] = row["batch_replicate"] / row["queue_replicate"]
-        row["queue_gain_group"] = row["batch_group"] / row["queue_group"]
-        row["replication_gain"] = row["queue_group"] / row["queue_replicate"]
-        row["replication_gain_batch"] = row["batch_group"] / row["batch_replicate"]
-        row["both_gain"] = row["batch_group"] / row["queue_replicate"]
+        key = f"{sched}_{place}"
+        cell = [r for r in rows if (r["lengths"], r["batch"], r["scheduling"], r["placement"]) ==
+                (law, b, sched, place)]
+        if cell:
+          times = [r["generation_s"] for r in cell]
+          row[key], row[f"{key}_std"] = float(np.mean(times)), float(np.std(times))
+          by_seed[key] = {r.get("seed", i): r["generation_s"] for i, r in enumerate(cell)}
+      for name, (slow, fast) in RATIOS.items():
+        seeds = sorted(set(by_seed.get(slow, {})) & set(by_seed.get(fast, {})))
+        if seeds:
+          logs = [np.log(by_seed[slow][s] / by_seed[fast][s]) for s in seeds]
+          row[name] = float(np.exp(np.mean(logs)))
       out.append(row)
   return out
 

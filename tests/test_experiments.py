@@ -228,11 +228,14 @@ def test_queue_scheduling_beats_a_static_split_on_a_long_tail():
   assert queue["generation_s"] < 0.8 * batch["generation_s"]
 
 
-def test_mechanism_aggregate_ratios():
-  rows = [{"lengths": "narrow", "batch": 4, "scheduling": s, "placement": p, "generation_s": t}
-          for (s, p), t in zip(mech.POLICIES, (4.0, 3.0, 2.0, 1.0))]
+def test_mechanism_aggregate_ratios_are_paired_by_seed():
+  rows = [{"lengths": "narrow", "batch": 4, "scheduling": s, "placement": p, "seed": seed,
+           "generation_s": t * (10.0 if seed else 1.0)}  # seed 1 is a 10x heavier workload
+          for seed in (0, 1) for (s, p), t in zip(mech.POLICIES, (4.0, 3.0, 2.0, 1.0))]
   row = mech.aggregate(rows, ["narrow"], [4])[0]
-  assert row["queue_gain"] == 3.0 and row["replication_gain"] == 2.0 and row["both_gain"] == 4.0
+  assert row["queue_gain"] == pytest.approx(3.0) and row["both_gain"] == pytest.approx(4.0)
+  assert row["replication_gain"] == pytest.approx(2.0)
+  assert row["batch_group"] == pytest.approx(22.0)  # times themselves: plain means
 
 
 def dry_run(module: str, *flags: str) -> subprocess.CompletedProcess:
