@@ -98,7 +98,7 @@ def run_ours(path: str, prompts: np.ndarray, lengths: np.ndarray, slots: int):
   outs = engine.generate(list(prompts), [Sampling(temperature=0, max_new_tokens=int(n),
                                                   ignore_eos=True) for n in lengths])
   elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
-  idle = engine.stats.idle_fraction(slots)
+  idle = (engine.stats.idle_fraction(slots), engine.stats.wasted_compute_fraction())
   engine.shutdown()
   return elapsed, cpu, [list(o.output_ids) for o in outs], idle, compile_s
 
@@ -131,8 +131,9 @@ def main() -> None:
   print(f"{'time to finish all (s)':28s}{hf_s:22.2f}{ours_s:20.2f}")
   print(f"{'decode tokens/s':28s}{useful / hf_s:22.1f}{useful / ours_s:20.1f}")
   print(f"{'tokens per CPU-second':28s}{useful / hf_cpu:22.1f}{useful / ours_cpu:20.1f}")
-  print(f"{'idle slot fraction':28s}{static_idle_fraction(lengths, args.slots):22.1%}"
-        f"{ours_idle:20.1%}")
+  static_idle = static_idle_fraction(lengths, args.slots)
+  print(f"{'idle slot fraction':28s}{static_idle:22.1%}{ours_idle[0]:20.1%}")
+  print(f"{'decode rows computed idle':28s}{static_idle:22.1%}{ours_idle[1]:20.1%}")
   print(f"our one-off compile time: {compile_s:.1f} s (excluded); CPU-time speedup "
         f"{hf_cpu / ours_cpu:.2f} (robust to other load on the machine)")
   print(f"decode_speedup_vs_hf_generate: {hf_s / ours_s:.2f}")
