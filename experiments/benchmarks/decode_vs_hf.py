@@ -14,7 +14,7 @@ first call (HF) are warmed up outside the timings.
 The last line is the headline: `decode_speedup_vs_hf_generate: <ours tokens/s / HF tokens/s>`.
 
 Measured (defaults: 64 requests, 16 slots, 1 thread; a 2-core AMD EPYC VM shared with other jobs,
-load average 5-9; jax 0.10.2 XLA:CPU vs torch 2.13 + transformers 5.23), 2026-05 (this revision):
+load average 5-9; jax 0.10.2 XLA:CPU vs torch 2.13 + transformers 5.23), at this revision:
 
                                 HF generate (static)   ours (continuous)
   time to finish all (s)                      49.50                9.52
