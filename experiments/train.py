@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import signal
 import sys
 
 from absl import app, flags
@@ -135,6 +136,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config = apply_flags(load_config_file(_CONFIG.value))
+  # SIGTERM unwinds like Ctrl-C, so `run` stops its server processes instead of orphaning them.
+  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
   if not FLAGS["verbosity"].present:  # a progress bar, warnings and errors; --verbosity=0 for INFO
     absl_logging.set_verbosity(absl_logging.WARNING)
   ensure_model(config)

@@ -21,11 +21,12 @@ import time
 
 from absl import app, flags
 
-_STEPS = flags.DEFINE_integer("steps", 14, "Training steps per run.")
-_WARMUP = flags.DEFINE_integer("warmup_steps", 4, "Steps excluded from the throughput.")
+_CONFIG = flags.DEFINE_string("config", "experiments/configs/bench_rlvr.py", "Run config file.")
+_STEPS = flags.DEFINE_integer("steps", 24, "Training steps per run.")
+_WARMUP = flags.DEFINE_integer("warmup_steps", 6, "Steps excluded from the throughput.")
 _RATIOS = flags.DEFINE_list("async_ratios", ["1", "2", "4"], "α values to measure.")
-_BATCH = flags.DEFINE_integer("batch_size", 8, "Prompt groups per step.")
-_GROUP = flags.DEFINE_integer("group_size", 4, "Responses per prompt.")
+_SPLITS = flags.DEFINE_list("async_splits", ["1+1", "2+1"],
+                            "rollout+trainer cores for async (2+1 time-shares one core).")
 _OUT = flags.DEFINE_string("out", None, "Directory for the runs (default: a temp dir).")
 
 
@@ -43,9 +44,9 @@ def measured_throughput(workdir: str, warmup: int) -> tuple[float, dict]:
 
 def run_mode(out: str, name: str, flags_: list[str]) -> str:
   workdir = os.path.join(out, name)
-  cmd = [sys.executable, "-m", "experiments.train", f"--workdir={workdir}",
-         f"--steps={_STEPS.value}", f"--batch_size={_BATCH.value}",
-         f"--group_size={_GROUP.value}", "--progress=false", "--plot=false", *flags_]
+  cmd = [sys.executable, "-m", "experiments.train", f"--config={_CONFIG.value}",
+         f"--workdir={workdir}", f"--steps={_STEPS.value}", "--progress=false", "--plot=false",
+         *flags_]
   start = time.time()
   proc = subprocess.run(cmd, capture_output=True, text=True)
   if proc.returncode != 0:
@@ -64,13 +65,18 @@ def main(argv):
   results = {}
   sync_dir = run_mode(out, "sync", ["--mode=sync"])
   results["sync"] = measured_throughput(sync_dir, _WARMUP.value)
-  for ratio in _RATIOS.value:
-    workdir = run_mode(out, f"async_a{ratio}", ["--mode=async", f"--async_ratio={ratio}"])
-    results[f"async α={ratio}"] = measured_throughput(workdir, _WARMUP.value)
+  for split in _SPLITS.value:
+    rollout, train = split.split("+")
+    for ratio in _RATIOS.value:
+      name = f"async α={ratio} {split}"
+      workdir = run_mode(out, f"async_a{ratio}_{rollout}r{train}t", [
+          "--mode=async", f"--async_ratio={ratio}", f"--rollout_devices={rollout}",
+          f"--train_devices={train}"])
+      results[name] = measured_throughput(workdir, _WARMUP.value)
   base = results["sync"][0]
-  print(f"\n{'mode':<12} {'samples/s':>10} {'speedup':>8} {'reward':>7} {'max stale':>9}")
+  print(f"\n{'mode':<18} {'samples/s':>10} {'speedup':>8} {'reward':>7} {'max stale':>9}")
   for name, (sps, info) in results.items():
-    print(f"{name:<12} {sps:>10.2f} {sps / base:>8.2f} {info['reward_mean']:>7.3f} "
+    print(f"{name:<18} {sps:>10.2f} {sps / base:>8.2f} {info['reward_mean']:>7.3f} "
           f"{info['staleness_max']:>9d}")
   best = max(sps for name, (sps, _) in results.items() if name != "sync")
   with open(os.path.join(out, "results.json"), "w") as f:
