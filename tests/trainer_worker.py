@@ -50,8 +50,7 @@ def run_step(mesh):
   graphdef, state = create_train_state(model_config, config, mesh, seed=7)
   shardings = train_state_shardings(model_config, config, mesh)
   batch_sharding = batch_shardings(mesh, TRAIN_RULES, config.batch)
-  step = make_train_step(graphdef, config, mesh, TRAIN_RULES, shardings, batch_sharding,
-                         shardings.params)
+  step = make_train_step(graphdef, config, mesh, shardings, batch_sharding, shardings.params)
   ref_params = jax_copy(state.params)
   state, metrics = step(state, tree_to_global(step_inputs(), batch_sharding), ref_params)
   flat = {"/".join(map(str, path)): variable.get_value()

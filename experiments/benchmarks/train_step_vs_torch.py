@@ -82,8 +82,7 @@ def jax_side(path, args, trajectories):
   batch = tree_to_global(trainer.pack(trajectories), trainer.batch_shardings)
 
   def step():
-    trainer.state, metrics = trainer._step(trainer.state, batch, None)  # pylint: disable=protected-access
-    return float(metrics["loss"])
+    return float(trainer.step_on(batch)["loss"])
 
   return step
 

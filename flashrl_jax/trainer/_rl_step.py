@@ -144,7 +144,7 @@ def batch_shardings(mesh: Mesh, rules: Rules, config: BatchConfig) -> Batch:
   return jax.tree.map(one, BATCH_AXES, is_leaf=lambda x: isinstance(x, tuple))
 
 
-def make_train_step(graphdef: nnx.GraphDef, config: TrainConfig, mesh: Mesh, rules: Rules,
+def make_train_step(graphdef: nnx.GraphDef, config: TrainConfig, mesh: Mesh,
                     state_shardings: TrainState, batch_sharding: Batch,
                     ref_shardings: Any = None):
   """`train_step` jitted with explicit in/out shardings and the state donated.

@@ -45,7 +45,7 @@ class Trainer:
       self.ref_params = jax.jit(lambda p: jax.tree.map(lambda x: x.copy(), p),
                                 out_shardings=self.state_shardings.params)(self.state.params)
     self._step = make_train_step(
-        self.graphdef, train_config, mesh, rules, self.state_shardings, self.batch_shardings,
+        self.graphdef, train_config, mesh, self.state_shardings, self.batch_shardings,
         self.state_shardings.params if self.ref_params is not None else None)
 
   # --- state ---------------------------------------------------------------------------------------
@@ -81,8 +81,7 @@ class Trainer:
     stats = batch_stats(host_batch)
     batch = tree_to_global(host_batch, self.batch_shardings)
     packed = time.perf_counter()
-    self.state, metrics = self._step(self.state, batch, self.ref_params)
-    metrics = {k: float(v) for k, v in to_host(metrics).items()}  # blocks until the step is done
+    metrics = {k: float(v) for k, v in to_host(self.step_on(batch)).items()}  # waits for the step
     done = time.perf_counter()
     step_time = done - packed
     tokens = stats["tokens"] * self.config.ppo_epochs
@@ -90,6 +89,11 @@ class Trainer:
                 "tokens_per_second": tokens / step_time, "tokens": float(stats["tokens"]),
                 "padding_fraction": stats["padding_fraction"],
                 "micro_batches": float(host_batch.micro_batches)}
+    return metrics
+
+  def step_on(self, batch: Batch) -> dict[str, jax.Array]:
+    """Runs the jitted step on a global batch (see `tree_to_global`); returns device metrics at once."""
+    self.state, metrics = self._step(self.state, batch, self.ref_params)
     return metrics
 
   def compilations(self) -> int:
