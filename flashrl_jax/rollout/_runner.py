@@ -264,4 +264,5 @@ def describe(runner: Runner) -> dict[str, Any]:
   """Static facts about the runner for `/server_info`."""
   return {"tp_size": runner.mesh.size, "context_length": runner.context_length,
           "max_running_requests": runner.num_slots, "dtype": jnp.dtype(runner.dtype).name,
-          "min_prefill_len": runner.min_prefill_len, "max_prefill_batch": runner.max_prefill_batch}
+          "min_prefill_len": runner.min_prefill_len, "max_prefill_batch": runner.max_prefill_batch,
+          "decode_batch_sizes": list(runner.decode_sizes)}

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 from absl import app, flags
 from aiohttp import web
 
-from flashrl_jax.rollout._engine import Engine, EngineConfig
+from flashrl_jax.rollout._config import EngineConfig
+from flashrl_jax.rollout._engine import Engine
 from flashrl_jax.rollout._server import build_app
 
 _MODEL_PATH = flags.DEFINE_string("model_path", None, "HF checkpoint directory (safetensors).")
@@ -33,6 +34,8 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights
 _TP = flags.DEFINE_integer("tp", 1, "Tensor-parallel devices (the rollout mesh's `tensor` axis).")
 _MAX_PREFILL_BATCH = flags.DEFINE_integer("max_prefill_batch", 4, "Prompts per prefill call.")
 _MIN_PREFILL_LEN = flags.DEFINE_integer("min_prefill_len", 16, "Smallest prefill length bucket.")
+_MIN_DECODE_BATCH = flags.DEFINE_integer("min_decode_batch", 4,
+                                         "Smallest decode batch the running requests are packed into.")
 _PREFILL_BUDGET = flags.DEFINE_integer("prefill_token_budget", 4096,
                                        "Max padded tokens per grouped prefill call.")
 _WEIGHT_VERSION = flags.DEFINE_string("weight_version", "default", "Initial weight version.")
@@ -49,6 +52,7 @@ def _config() -> EngineConfig:
       max_running_requests=_MAX_RUNNING.value, context_length=_CONTEXT.value or None,
       dtype=jnp.dtype(_DTYPE.value), tp=_TP.value, max_prefill_batch=_MAX_PREFILL_BATCH.value,
       min_prefill_len=_MIN_PREFILL_LEN.value, prefill_token_budget=_PREFILL_BUDGET.value,
+      min_decode_batch=_MIN_DECODE_BATCH.value,
       weight_version=_WEIGHT_VERSION.value, seed=_SEED.value)
 
 
