@@ -22,6 +22,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -149,8 +150,54 @@ def load_records(workdir: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def launch(spec: RunSpec, out_dir: str, *, timeout_s: float = 1800, rerun: bool = False,
-           log=print) -> RunResult:
+def _watch(child: subprocess.Popen, workdir: str, *, timeout_s: float, stall_s: float,
+           log) -> int | str:
+  """Waits for the child; stops it (and its rollout servers) past `timeout_s`, or when no step
+  has been logged for `stall_s` (a hung run must not block the rest of a sweep)."""
+  metrics = os.path.join(workdir, "metrics.jsonl")
+  start = last_change = time.monotonic()
+  last_size = -1
+  while child.poll() is None:
+    time.sleep(2.0)
+    size = os.path.getsize(metrics) if os.path.exists(metrics) else 0
+    now = time.monotonic()
+    if size != last_size:
+      last_size, last_change = size, now
+    reason = ("timeout" if now - start > timeout_s else
+              "stalled" if now - last_change > stall_s else None)
+    if reason:
+      log(f"[{os.path.basename(workdir)}] {reason}: no step logged for {now - last_change:.0f}s; "
+          "stopping it")
+      child.terminate()
+      try:
+        child.wait(15)
+      except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+      _stop_servers(workdir)
+      return reason
+  return child.returncode
+
+
+def _stop_servers(workdir: str) -> None:
+  """SIGTERMs the rollout servers a stopped run recorded in `server_pids.json` (if still ours)."""
+  path = os.path.join(workdir, "server_pids.json")
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    pids = [int(entry["pid"]) for entry in json.load(f)]
+  for pid in pids:
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        if b"flashrl_jax.rollout" not in f.read():
+          continue  # the pid was reused by something else
+      os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+      pass
+
+
+def launch(spec: RunSpec, out_dir: str, *, timeout_s: float = 1800, stall_s: float = 600,
+           rerun: bool = False, log=print) -> RunResult:
   """Runs `spec` in `out_dir/spec.name` (or reuses a finished run there)."""
   workdir = os.path.abspath(os.path.join(out_dir, spec.name))
   summary_path = os.path.join(workdir, "summary.json")
@@ -167,11 +214,9 @@ def launch(spec: RunSpec, out_dir: str, *, timeout_s: float = 1800, rerun: bool 
     log(f"[{spec.name}] {spec.command()}")
     start = time.perf_counter()
     with open(os.path.join(workdir, "run.log"), "w") as out:
-      try:
-        rc = subprocess.run([sys.executable, "-m", "experiments._runs", spec_path], stdout=out,
-                            stderr=subprocess.STDOUT, env=env, timeout=timeout_s).returncode
-      except subprocess.TimeoutExpired:
-        rc = "timeout"
+      child = subprocess.Popen([sys.executable, "-m", "experiments._runs", spec_path],
+                               stdout=out, stderr=subprocess.STDOUT, env=env)
+      rc = _watch(child, workdir, timeout_s=timeout_s, stall_s=stall_s, log=log)
     log(f"[{spec.name}] rc={rc} in {time.perf_counter() - start:.0f}s")
   summary = {}
   if os.path.exists(summary_path):

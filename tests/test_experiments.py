@@ -262,3 +262,10 @@ def test_experiment_flags_parse(module, flags, runs):
 def test_bad_flags_fail_clearly():
   proc = dry_run("experiments.ablate_losses", "--losses=ppo,nope")
   assert proc.returncode != 0 and "unknown loss 'nope'" in proc.stderr
+
+
+def test_a_hung_run_is_stopped(tmp_path):
+  child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+  messages = []
+  rc = _runs._watch(child, str(tmp_path), timeout_s=60, stall_s=3, log=messages.append)
+  assert rc == "stalled" and child.poll() is not None and "stalled" in messages[0]
