@@ -117,6 +117,15 @@ def _child(spec_path: str) -> None:
   print(f"run {spec.name}: {summary.samples_per_s:.2f} samples/s, {summary.wall_s:.1f}s")
 
 
+def _code_version() -> dict:
+  """The commit the run used, and the library files that differed from it (others commit while
+  a sweep runs; a cell that ran on other code must be visible)."""
+  def git(*args):
+    return subprocess.run(["git", *args], capture_output=True, text=True).stdout.strip()
+  return {"git_commit": git("rev-parse", "HEAD"),
+          "git_dirty": [line[3:] for line in git("status", "--porcelain", "flashrl_jax").splitlines()]}
+
+
 def _write_run_info(config, workdir: str, load_before, cores: int) -> None:
   """What the simulator's calibration needs that metrics.jsonl lacks, and the machine's load."""
   from flashrl_jax.controller import PromptSource
@@ -127,7 +136,7 @@ def _write_run_info(config, workdir: str, load_before, cores: int) -> None:
   info = {"prompt_tokens_mean": float(np.mean(prompts)), "loadavg_before": load_before,
           "loadavg_after": os.getloadavg(), "cores": cores,
           "max_new_tokens": config.rollout.max_new_tokens,
-          "pause_mode": config.rollout.pause_mode.value}
+          "pause_mode": config.rollout.pause_mode.value, **_code_version()}
   with open(os.path.join(workdir, "run_info.json"), "w") as f:
     json.dump(info, f, indent=1)
 
