@@ -57,9 +57,9 @@ def run_mode(out: str, name: str, flags_: list[str]) -> str:
 
 def main(argv):
   del argv
-  from experiments.configs.demo import DEMO_MODEL_DIR
+  from experiments.configs.bench_rlvr import BENCH_MODEL_DIR, BENCH_WARMSTART_STEPS
   from experiments.warmstart import ensure_warmstart
-  ensure_warmstart(DEMO_MODEL_DIR)
+  ensure_warmstart(BENCH_MODEL_DIR, steps=BENCH_WARMSTART_STEPS)
   out = _OUT.value or tempfile.mkdtemp(prefix="async_vs_sync_")
   print(f"runs in {out} ({os.cpu_count()} cores)", flush=True)
   results = {}
