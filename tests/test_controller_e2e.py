@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-STEPS = 12  # at lr 3e-4 and 128 samples/step, P(exact) rises ~+0.03 by here (0.556 -> 0.586)
+STEPS = 20  # lr 3e-4, 128 samples/step: sync +0.03 by step 12, async (demo run) +0.065 by step 20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
