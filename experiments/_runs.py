@@ -321,6 +321,10 @@ def summarize(result: RunResult, *, threshold: float, window: int = 11) -> dict[
       "staleness_max": int(max(x.get("staleness_max", 0) for x in r)),
       "dropped_stale": int(result.summary.get("counters", {}).get("dropped_stale", 0)),
       "response_length_mean": float(np.mean([x["response_length_mean"] for x in r])),
+      # Response tokens trained per second: samples/s can rise just by training shorter samples.
+      "tokens_per_s_median": float(np.median([x["num_samples"] * x["response_length_mean"]
+                                              for x in rest]) /
+                                   np.median([x["time/step_s"] for x in rest])),
       "loadavg": result.info.get("loadavg_before", [None])[0],
   })
   if row["final_eval"] is not None and row["initial_eval"] is not None:
@@ -331,7 +335,7 @@ def summarize(result: RunResult, *, threshold: float, window: int = 11) -> dict[
 def mean_over_seeds(summaries: list[dict]) -> dict[str, Any]:
   """One row from the seeds of a cell: numeric means, `<key>_std` for the quality metrics, and
   for steps/time to threshold the median over the seeds that reached it (None if half did not)."""
-  ok = [s for s in summaries if "samples_per_s_steady" in s]
+  ok = [s for s in summaries if s.get("ok") and "samples_per_s_steady" in s]
   row: dict[str, Any] = {"seeds": len(ok)}
   if not ok:
     return row

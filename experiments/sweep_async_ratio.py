@@ -62,12 +62,14 @@ def saturation_point(rows: list[dict], key: str, fraction: float):
 COLUMNS = [("mode", "mode"), ("alpha", "α"), ("seeds", "seeds"),
            ("samples_per_s_steady", "samples/s (steady mean)"),
            ("samples_per_s_median", "samples/s (median step)"), ("speedup", "speedup vs sync"),
+           ("tokens_per_s_median", "tokens/s (median)"), ("token_speedup", "token speedup"),
            ("pause_s_mean", "pause s/step"), ("final_eval", "eval acc. final"),
            ("eval_gain", "eval gain"), ("final_accuracy", "train acc. (11-MA)"),
            ("staleness_mean", "mean staleness"), ("dropped_stale", "dropped stale"),
            ("response_length_mean", "mean length"), ("sim_measured", "samples/s (sim's measure)"),
            ("sim_predicted", "sim: standalone decode"), ("sim_error", "error"),
-           ("simfit_predicted", "sim: decode fitted on sync"), ("simfit_error", "error ")]
+           ("simfit_predicted", "sim: decode fitted on sync"), ("simfit_error", "error "),
+           ("status", "status")]
 
 
 def validate(results) -> tuple[dict, dict, float | None]:
@@ -120,8 +122,9 @@ def aggregate(results, threshold: float, sims: dict[str, dict],
     rows.append(row)
   sync = next((r for r in rows if r["mode"] == "sync"), None)
   for row in rows:
-    if sync and sync.get("samples_per_s_median"):
+    if sync and sync.get("samples_per_s_median") and row.get("samples_per_s_median"):
       row["speedup"] = row["samples_per_s_median"] / sync["samples_per_s_median"]
+      row["token_speedup"] = row["tokens_per_s_median"] / sync["tokens_per_s_median"]
   return rows
 
 
@@ -135,19 +138,20 @@ def main(argv):
   results = _runs.run_all(specs, _OUT.value, timeout_s=_TIMEOUT.value, rerun=_RERUN.value)
   sims, fitted, scale = validate(results) if _VALIDATE.value else ({}, {}, None)
   rows = aggregate(results, _THRESHOLD.value, sims, fitted)
-  saturates = {key: saturation_point(rows, key, _SATURATION.value)
+  done = [r for r in rows if r["seeds"]]
+  saturates = {key: saturation_point(done, key, _SATURATION.value)
                for key in ("samples_per_s_median", "samples_per_s_steady")}
   table = _runs.write_table(rows, COLUMNS, _OUT.value, "summary",
                             {"saturation_alpha": saturates, "sims": sims, "sims_fitted": fitted,
                              "decode_scale_fitted_on_sync": scale,
                              "commands": {s.name: s.command() for s in specs}})
-  labels = [("sync" if r["mode"] == "sync" else f"α={r['alpha']}") for r in rows]
+  labels = [("sync" if r["mode"] == "sync" else f"α={r['alpha']}") for r in done]
   bars = plots.bars_figure(
-      labels, {"steady mean": [r["samples_per_s_steady"] for r in rows],
-               "median step": [r["samples_per_s_median"] for r in rows]},
+      labels, {"steady mean": [r["samples_per_s_steady"] for r in done],
+               "median step": [r["samples_per_s_median"] for r in done]},
       os.path.join(_OUT.value, "throughput.png"), ylabel="samples / s",
       title="throughput and final accuracy vs async ratio",
-      line={"final held-out accuracy": [r.get("final_eval") for r in rows]},
+      line={"final held-out accuracy": [r.get("final_eval") for r in done]},
       line_label="expected accuracy")
   curves = plots.curves_figure(
       {label: [r.records for r in results if r.spec.name.rsplit("_", 1)[0] ==
