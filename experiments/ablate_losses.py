@@ -60,12 +60,13 @@ def mode_tag(mode: str) -> str:
 
 
 def make_specs(losses, modes, seeds, steps, config, learning_rate=None) -> list[_runs.RunSpec]:
+  unknown = [loss for loss in losses if loss not in LOSS_PRESETS]
+  if unknown:
+    raise app.UsageError(f"unknown loss {unknown[0]!r}; choose from {', '.join(LOSS_PRESETS)}")
   specs = []
-  for loss in losses:
-    if loss not in LOSS_PRESETS:
-      raise app.UsageError(f"unknown loss {loss!r}; choose from {', '.join(LOSS_PRESETS)}")
-    for mode in modes:
-      for seed in seeds:
+  for seed in seeds:  # seed-major: drift in the machine's load hits every cell alike
+    for loss in losses:
+      for mode in modes:
         o = {"steps": steps, "seed": int(seed), "task": {"seed": int(seed) + 1},
              "loss": dict(LOSS_PRESETS[loss])}
         o.update({"mode": "sync"} if mode == "sync" else {"mode": "async", "async_ratio": int(mode)})

@@ -42,8 +42,8 @@ _DOCS = flags.DEFINE_string("docs_dir", None, "Also copy the figures here.")
 def make_specs(ratios, sync, seeds, steps, config) -> list[_runs.RunSpec]:
   modes = (["sync"] if sync else []) + [str(int(a)) for a in ratios]
   specs = []
-  for mode in modes:
-    for seed in seeds:
+  for seed in seeds:  # seed-major: drift in the machine's load hits every α alike
+    for mode in modes:
       o = {"steps": steps, "seed": int(seed), "task": {"seed": int(seed) + 1}}
       o.update({"mode": "sync"} if mode == "sync" else {"mode": "async", "async_ratio": int(mode)})
       specs.append(_runs.RunSpec(f"{'sync' if mode == 'sync' else 'a' + mode}_s{seed}", o, config))
