@@ -24,7 +24,7 @@ from flashrl_jax.trainer._checkpoint import CheckpointConfig, Checkpointer  # no
 
 MODEL_CONFIG = tiny_config(num_layers=1)
 TRAIN_CONFIG = TrainConfig(
-    batch=BatchConfig(row_length=32, rows=2, sequences=4, max_response_length=16),
+    batch=BatchConfig(row_length=32, rows=2, sequences_per_row=2, max_response_length=16),
     optimizer=OptimizerConfig(learning_rate=1e-2, weight_decay=0.1))
 
 
