@@ -78,9 +78,9 @@ def test_sync_warmup_and_threshold_never_reached(tmp_path):
 
 
 def test_mean_over_seeds_threshold_needs_a_majority():
-  rows = [{"samples_per_s_steady": 10.0, "final_eval": 0.6, "steps_to_threshold": 5},
-          {"samples_per_s_steady": 20.0, "final_eval": 0.8, "steps_to_threshold": None},
-          {"samples_per_s_steady": 30.0, "final_eval": 0.7, "steps_to_threshold": 15}]
+  rows = [{"ok": True, "samples_per_s_steady": 10.0, "final_eval": 0.6, "steps_to_threshold": 5},
+          {"ok": True, "samples_per_s_steady": 20.0, "final_eval": 0.8, "steps_to_threshold": None},
+          {"ok": True, "samples_per_s_steady": 30.0, "final_eval": 0.7, "steps_to_threshold": 15}]
   row = _runs.mean_over_seeds(rows)
   assert row["seeds"] == 3 and row["samples_per_s_steady"] == pytest.approx(20.0)
   assert row["final_eval_std"] == pytest.approx(np.std([0.6, 0.8, 0.7]))
