@@ -11,6 +11,8 @@ A run is a `RunSpec`: the demo config file plus overrides (mode, α, loss preset
 is skipped when a sweep is re-run, so an interrupted sweep resumes where it stopped; an unfinished
 one is wiped and started again (a half run would mix two start-ups into its throughput).
 
+What the runs mean (throughput, quality, tables) is computed in `_summary.py`.
+
 All children share a persistent JAX compilation cache (`.cache/jax_compilation`), so only the
 first run of a shape pays compilation; start-up is excluded from the steady-state numbers anyway.
 """
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import shutil
 import signal
@@ -242,146 +243,6 @@ def launch(spec: RunSpec, out_dir: str, *, timeout_s: float = 1800, stall_s: flo
 
 def run_all(specs: list[RunSpec], out_dir: str, **kwargs) -> list[RunResult]:
   return [launch(spec, out_dir, **kwargs) for spec in specs]
-
-
-# --- analysis ----------------------------------------------------------------------------------
-
-
-def moving_average(values, window: int = 11) -> np.ndarray:
-  """Trailing moving average, the paper's 11-step smoothing (shorter at the start)."""
-  values = np.asarray(values, np.float64)
-  return np.array([values[max(0, i - window + 1):i + 1].mean() for i in range(len(values))])
-
-
-def steady_throughput(records: list[dict], warmup: int) -> float:
-  """Samples/s over the steps after `warmup` (start-up, compilation and the pre-filled buffer of
-  an async run are excluded): trained samples / wall of those steps."""
-  rest = records[warmup:] or records
-  wall = sum(r["time/step_s"] for r in rest)
-  return sum(r["num_samples"] for r in rest) / wall if wall > 0 else float("nan")
-
-
-def warmup_steps(records: list[dict], async_ratio: int) -> int:
-  """Step 1 compiles; an async run then eats the α batches generated during compilation."""
-  return min(async_ratio + 2, max(len(records) - 3, 0))
-
-
-EVAL = "eval/expected_accuracy"
-
-
-def eval_curve(records: list[dict]) -> tuple[list[int], list[float]]:
-  """(steps, values) of the exact held-out evaluation; step 0 is the initial policy."""
-  steps, values = [], []
-  if records and "eval/initial_expected_accuracy" in records[0]:
-    steps.append(0)
-    values.append(float(records[0]["eval/initial_expected_accuracy"]))
-  for r in records:
-    if EVAL in r:
-      steps.append(int(r["step"]))
-      values.append(float(r[EVAL]))
-  return steps, values
-
-
-def summarize(result: RunResult, *, threshold: float, window: int = 11) -> dict[str, Any]:
-  """One table row. Quality: the exact expected accuracy on held-out prompts (`eval/...`, every
-  few steps; noise-free) and the 11-step moving average of the training accuracy (noisy, and in
-  async mode measured on samples of older policies). `steps_to_threshold`: first evaluation at or
-  above `threshold`. Throughput: steady state (see `steady_throughput`) and median-step based."""
-  r = result.records
-  spec = result.spec.overrides
-  alpha = int(spec.get("async_ratio", 0)) if spec.get("mode") != "sync" else 0
-  row: dict[str, Any] = {"run": result.spec.name, "ok": result.ok, "steps": len(r)}
-  if not r:
-    return row
-  acc = moving_average([x["accuracy"] for x in r], window)
-  cumulative = np.cumsum([x["time/step_s"] for x in r])
-  eval_steps, eval_values = eval_curve(r)
-  hit = next((s for s, v in zip(eval_steps, eval_values) if s > 0 and v >= threshold), None)
-  warm = warmup_steps(r, alpha)
-  rest = r[warm:] or r
-  row.update({
-      "final_accuracy": float(acc[-1]),
-      "initial_eval": eval_values[0] if eval_steps and eval_steps[0] == 0 else None,
-      "final_eval": eval_values[-1] if eval_values else None,
-      "best_eval": max(eval_values) if eval_values else None,
-      "steps_to_threshold": hit,
-      "time_to_threshold_s": None if hit is None else float(cumulative[hit - 1]),
-      "wall_s": float(result.summary.get("wall_s", cumulative[-1])),
-      "train_wall_s": float(cumulative[-1]),
-      "samples_per_s_e2e": float(result.summary.get("samples_per_s", float("nan"))),
-      "samples_per_s_steady": steady_throughput(r, warm),
-      # Robust to the other tenants of this machine: a 10 s stall of a neighbour's job lands in
-      # one step's wall time and moves the mean, not the median.
-      "samples_per_s_median": float(np.median([x["num_samples"] for x in rest]) /
-                                    np.median([x["time/step_s"] for x in rest])),
-      "warmup_steps": warm,
-      "step_s_median": float(np.median([x["time/step_s"] for x in rest])),
-      "pause_s_mean": float(np.mean([x.get("time/pause_s", 0.0) for x in rest])),
-      "train_s_mean": float(np.mean([x["time/train_s"] for x in rest])),
-      "wait_data_s_mean": float(np.mean([x.get("time/wait_data_s", 0.0) for x in rest])),
-      "staleness_mean": float(np.mean([x.get("staleness_mean", 0.0) for x in r])),
-      "staleness_max": int(max(x.get("staleness_max", 0) for x in r)),
-      "dropped_stale": int(result.summary.get("counters", {}).get("dropped_stale", 0)),
-      "response_length_mean": float(np.mean([x["response_length_mean"] for x in r])),
-      # Response tokens trained per second: samples/s can rise just by training shorter samples.
-      "tokens_per_s_median": float(np.median([x["num_samples"] * x["response_length_mean"]
-                                              for x in rest]) /
-                                   np.median([x["time/step_s"] for x in rest])),
-      "loadavg": result.info.get("loadavg_before", [None])[0],
-  })
-  if row["final_eval"] is not None and row["initial_eval"] is not None:
-    row["eval_gain"] = row["final_eval"] - row["initial_eval"]
-  return row
-
-
-def mean_over_seeds(summaries: list[dict]) -> dict[str, Any]:
-  """One row from the seeds of a cell: numeric means, `<key>_std` for the quality metrics, and
-  for steps/time to threshold the median over the seeds that reached it (None if half did not)."""
-  ok = [s for s in summaries if s.get("ok") and "samples_per_s_steady" in s]
-  row: dict[str, Any] = {"seeds": len(ok)}
-  if not ok:
-    return row
-  for key, value in ok[0].items():
-    if key in ("steps_to_threshold", "time_to_threshold_s"):
-      hits = sorted(s[key] for s in ok if s.get(key) is not None)
-      row[key] = hits[len(hits) // 2] if 2 * len(hits) > len(ok) else None
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-      values = [s[key] for s in ok if isinstance(s.get(key), (int, float))]
-      row[key] = float(np.mean(values))
-      if key in ("final_eval", "final_accuracy", "eval_gain") and len(values) > 1:
-        row[f"{key}_std"] = float(np.std(values))
-  return row
-
-
-def fmt(value: Any, digits: int = 3) -> str:
-  if value is None:
-    return "—"
-  if isinstance(value, bool):
-    return "yes" if value else "no"
-  if isinstance(value, float):
-    return "nan" if math.isnan(value) else f"{value:.{digits}g}"
-  return str(value)
-
-
-def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
-  """`columns`: (key, header) pairs; missing keys print as —."""
-  lines = ["| " + " | ".join(h for _, h in columns) + " |",
-           "|" + "---|" * len(columns)]
-  for row in rows:
-    lines.append("| " + " | ".join(fmt(row.get(k)) for k, _ in columns) + " |")
-  return "\n".join(lines)
-
-
-def write_table(rows: list[dict], columns: list[tuple[str, str]], out_dir: str, name: str,
-                extra: dict | None = None) -> str:
-  """Writes `name.md` and `name.json` under `out_dir`; returns the markdown."""
-  os.makedirs(out_dir, exist_ok=True)
-  table = markdown_table(rows, columns)
-  with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
-    f.write(table + "\n")
-  with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
-    json.dump({"rows": rows, **(extra or {})}, f, indent=1, default=str)
-  return table
 
 
 if __name__ == "__main__":

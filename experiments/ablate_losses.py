@@ -25,7 +25,7 @@ import shutil
 
 from absl import app, flags
 
-from experiments import _runs, plots
+from experiments import _runs, _summary, plots
 
 LOSS_PRESETS = {
     "ppo": {"name": "ppo", "clip_low": 0.2, "clip_high": 0.2},
@@ -91,11 +91,11 @@ def aggregate(results, threshold: float) -> list[dict]:
   cells = collections.defaultdict(list)
   for result in results:
     loss, tag, _ = result.spec.name.rsplit("_", 2)
-    cells[(loss, tag)].append(_runs.summarize(result, threshold=threshold))
+    cells[(loss, tag)].append(_summary.summarize(result, threshold=threshold))
   rows = []
   for (loss, tag), runs in cells.items():
     row = {"loss": loss, "mode": "sync" if tag == "sync" else f"α={tag[1:]}",
-           **_runs.mean_over_seeds(runs)}
+           **_summary.mean_over_seeds(runs)}
     if row["seeds"]:
       rows.append(row)
   return rows
@@ -111,7 +111,7 @@ def main(argv):
     return
   results = _runs.run_all(specs, _OUT.value, timeout_s=_TIMEOUT.value, rerun=_RERUN.value)
   rows = aggregate(results, _THRESHOLD.value)
-  table = _runs.write_table(rows, COLUMNS, _OUT.value, "summary",
+  table = _summary.write_table(rows, COLUMNS, _OUT.value, "summary",
                             {"threshold": _THRESHOLD.value, "steps": _STEPS.value,
                              "commands": {s.name: s.command() for s in specs}})
   grid = collections.defaultdict(dict)
@@ -123,7 +123,7 @@ def main(argv):
   figures = [
       plots.ablation_figure(grid, "accuracy", os.path.join(_OUT.value, "train_accuracy.png"),
                             title="training accuracy vs step"),
-      plots.ablation_figure(grid, _runs.EVAL, os.path.join(_OUT.value, "eval_accuracy.png"),
+      plots.ablation_figure(grid, _summary.EVAL, os.path.join(_OUT.value, "eval_accuracy.png"),
                             title="held-out expected accuracy vs step")]
   if _DOCS.value:
     os.makedirs(_DOCS.value, exist_ok=True)

@@ -27,7 +27,7 @@ import sys
 
 from absl import app, flags
 
-from experiments import _runs, plots
+from experiments import _runs, _summary, plots
 
 _OUT = flags.DEFINE_string("out", "runs/agentic", "Directory of the experiment.")
 _CONFIG = flags.DEFINE_string("config", "experiments/configs/agentic.py", "Agentic RunConfig.")
@@ -107,7 +107,7 @@ def main(argv):
     runs = [r for r in results if r.spec.name.rsplit("_", 1)[0] == variant and r.records]
     if runs:
       row = {"variant": variant,
-             **_runs.mean_over_seeds([_runs.summarize(r, threshold=1.0) for r in runs])}
+             **_summary.mean_over_seeds([_summary.summarize(r, threshold=1.0) for r in runs])}
       row["dropped"] = json.dumps(dropped(runs[0].records))
       rows.append(row)
   base = next((r for r in rows if r["variant"] == "sync"), None)
@@ -115,7 +115,7 @@ def main(argv):
     if base and base.get("samples_per_s_median"):
       row["speedup"] = row["samples_per_s_median"] / base["samples_per_s_median"]
   bench = run_benchmark(_BENCH_STEPS.value, _OUT.value) if _BENCH.value else None
-  table = _runs.write_table(rows, COLUMNS, _OUT.value, "summary",
+  table = _summary.write_table(rows, COLUMNS, _OUT.value, "summary",
                             {"benchmark": bench, "fail_slow_prob": _SLOW.value,
                              "fail_stop_prob": _STOP.value,
                              "commands": {s.name: s.command() for s in specs}})

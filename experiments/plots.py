@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments._runs import EVAL, eval_curve, moving_average  # noqa: E402
+from experiments._summary import EVAL, eval_curve, moving_average  # noqa: E402
 
 WINDOW = 11
 
@@ -107,7 +107,7 @@ def curves_figure(labelled: dict[str, list[list[dict]]], metric: str, path: str,
   kind = plot_bands(ax, labelled, metric, baseline=baseline)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
-  ax.set_title(f"{title} ({_band_text(metric, kind)})", fontsize=9)
+  ax.set_title(f"{title}\n({_band_text(metric, kind)})", fontsize=9)
   return _save(fig, path)
 
 

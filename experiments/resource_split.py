@@ -24,7 +24,7 @@ import shutil
 
 from absl import app, flags
 
-from experiments import _runs, plots
+from experiments import _runs, _summary, plots
 
 _OUT = flags.DEFINE_string("out", "runs/resource_split", "Directory of the sweep.")
 _CONFIG = flags.DEFINE_string("config", "experiments/configs/demo.py", "Base RunConfig file.")
@@ -88,7 +88,7 @@ def row_for(results, name: str, threshold: float = 0.6) -> dict:
          "train_devices": o.get("resources", {}).get("train_devices", cores),
          "servers": o.get("rollout", {}).get("num_servers"),
          "slots": o.get("rollout", {}).get("max_running_requests", "config"),
-         **_runs.mean_over_seeds([_runs.summarize(r, threshold=threshold) for r in runs])}
+         **_summary.mean_over_seeds([_summary.summarize(r, threshold=threshold) for r in runs])}
   return row
 
 
@@ -105,7 +105,7 @@ def main(argv):
   names = list(dict.fromkeys(s.name.rsplit("_", 1)[0] for s in specs))
   rows = [row_for(results, name) for name in names]
   rows = [r for r in rows if r["seeds"]]
-  table = _runs.write_table(rows, COLUMNS, _OUT.value, "summary",
+  table = _summary.write_table(rows, COLUMNS, _OUT.value, "summary",
                             {"total_devices": total,
                              "commands": {s.name: s.command() for s in specs}})
   path = plots.bars_figure(

@@ -24,7 +24,7 @@ import numpy as np
 from absl import app, flags
 
 from experiments import _mechanisms as mech
-from experiments import _runs, plots
+from experiments import _runs, _summary, plots
 
 _OUT = flags.DEFINE_string("out", "runs/rollout_mechanisms", "Output directory.")
 _MODEL = flags.DEFINE_string("model_path", ".cache/demo_model", "HF directory of the policy.")
@@ -144,7 +144,7 @@ def main(argv):
                                                  "reward_workers", "filter_rate", "repeats")}
   settings.update(wall_s=time.perf_counter() - start, loadavg_before=load,
                   loadavg_after=os.getloadavg())
-  md = _runs.write_table(table, mech.COLUMNS, _OUT.value, "summary", {"settings": settings})
+  md = _summary.write_table(table, mech.COLUMNS, _OUT.value, "summary", {"settings": settings})
   path = figure(table, os.path.join(_OUT.value, "generation_time.png"))
   if _DOCS.value:
     os.makedirs(_DOCS.value, exist_ok=True)

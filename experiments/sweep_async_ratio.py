@@ -22,7 +22,7 @@ import shutil
 import numpy as np
 from absl import app, flags
 
-from experiments import _runs, _simcheck, plots
+from experiments import _runs, _simcheck, _summary, plots
 
 _OUT = flags.DEFINE_string("out", "runs/sweep_async_ratio", "Directory of the sweep.")
 _CONFIG = flags.DEFINE_string("config", "experiments/configs/demo.py", "Base RunConfig file.")
@@ -86,7 +86,7 @@ def validate(results) -> tuple[dict, dict, float | None]:
                                     context_length=config["train"]["batch"]["row_length"])
 
   def warm(r):
-    return _runs.warmup_steps(r.records, r.spec.overrides.get("async_ratio", 0))
+    return _summary.warmup_steps(r.records, r.spec.overrides.get("async_ratio", 0))
 
   raw = {r.spec.name: _simcheck.compare(r.workdir, decode, warm(r)) for r in done}
   sync = next((r for r in done if r.spec.overrides.get("mode") == "sync"), None)
@@ -110,7 +110,7 @@ def aggregate(results, threshold: float, sims: dict[str, dict],
   for tag, runs in cells.items():
     row = {"mode": "sync" if tag == "sync" else "async",
            "alpha": 0 if tag == "sync" else int(tag[1:]),
-           **_runs.mean_over_seeds([_runs.summarize(r, threshold=threshold) for r in runs])}
+           **_summary.mean_over_seeds([_summary.summarize(r, threshold=threshold) for r in runs])}
     if not row["seeds"]:
       continue
     for prefix, source in (("sim", sims), ("simfit", fitted)):
@@ -141,7 +141,7 @@ def main(argv):
   done = [r for r in rows if r["seeds"]]
   saturates = {key: saturation_point(done, key, _SATURATION.value)
                for key in ("samples_per_s_median", "samples_per_s_steady")}
-  table = _runs.write_table(rows, COLUMNS, _OUT.value, "summary",
+  table = _summary.write_table(rows, COLUMNS, _OUT.value, "summary",
                             {"saturation_alpha": saturates, "sims": sims, "sims_fitted": fitted,
                              "decode_scale_fitted_on_sync": scale,
                              "commands": {s.name: s.command() for s in specs}})
@@ -156,7 +156,7 @@ def main(argv):
   curves = plots.curves_figure(
       {label: [r.records for r in results if r.spec.name.rsplit("_", 1)[0] ==
                ("sync" if label == "sync" else "a" + label[2:])] for label in labels},
-      _runs.EVAL, os.path.join(_OUT.value, "accuracy.png"),
+      _summary.EVAL, os.path.join(_OUT.value, "accuracy.png"),
       title="held-out expected accuracy vs step", baseline="sync")
   if _DOCS.value:
     os.makedirs(_DOCS.value, exist_ok=True)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from experiments import _mechanisms as mech
-from experiments import _runs, _simcheck, plots
+from experiments import _runs, _simcheck, _summary, plots
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -58,7 +58,7 @@ def test_finished_runs_are_reused_and_summarized(tmp_path):
                    {"mode": "async", "async_ratio": 2, "steps": 20})
   result = _runs.launch(spec, str(tmp_path), log=lambda *_: None)  # no subprocess: reused
   assert result.ok and len(result.records) == 20
-  row = _runs.summarize(result, threshold=0.6)
+  row = _summary.summarize(result, threshold=0.6)
   # α = 2: step 1 (compilation) and the two pre-generated batches are warm-up.
   assert row["warmup_steps"] == 4
   assert row["samples_per_s_steady"] == pytest.approx(32 / 0.5)
@@ -72,7 +72,7 @@ def test_finished_runs_are_reused_and_summarized(tmp_path):
 
 def test_sync_warmup_and_threshold_never_reached(tmp_path):
   spec = write_run(str(tmp_path), "sync_s0", fake_records(10, alpha=0), {"mode": "sync"})
-  row = _runs.summarize(_runs.launch(spec, str(tmp_path), log=lambda *_: None), threshold=0.99)
+  row = _summary.summarize(_runs.launch(spec, str(tmp_path), log=lambda *_: None), threshold=0.99)
   assert row["warmup_steps"] == 2
   assert row["steps_to_threshold"] is None and row["time_to_threshold_s"] is None
 
@@ -81,17 +81,17 @@ def test_mean_over_seeds_threshold_needs_a_majority():
   rows = [{"ok": True, "samples_per_s_steady": 10.0, "final_eval": 0.6, "steps_to_threshold": 5},
           {"ok": True, "samples_per_s_steady": 20.0, "final_eval": 0.8, "steps_to_threshold": None},
           {"ok": True, "samples_per_s_steady": 30.0, "final_eval": 0.7, "steps_to_threshold": 15}]
-  row = _runs.mean_over_seeds(rows)
+  row = _summary.mean_over_seeds(rows)
   assert row["seeds"] == 3 and row["samples_per_s_steady"] == pytest.approx(20.0)
   assert row["final_eval_std"] == pytest.approx(np.std([0.6, 0.8, 0.7]))
   assert row["steps_to_threshold"] == 15  # median of the two hits (2 of 3 seeds reached it)
   rows[2]["steps_to_threshold"] = None
-  assert _runs.mean_over_seeds(rows)["steps_to_threshold"] is None
+  assert _summary.mean_over_seeds(rows)["steps_to_threshold"] is None
 
 
 def test_moving_average_is_trailing_and_band_kinds():
   values = np.arange(1.0, 21.0)
-  ma = _runs.moving_average(values, 11)
+  ma = _summary.moving_average(values, 11)
   assert ma[0] == 1.0 and ma[10] == pytest.approx(6.0) and ma[19] == pytest.approx(15.0)
   one = plots.band([values], 11)
   assert one[3] == "window"
@@ -106,10 +106,10 @@ def test_figures_are_written(tmp_path):
   runs = {"sync": [fake_records(15, alpha=0, seed=s) for s in range(2)],
           "α=2": [fake_records(15, alpha=2, seed=s + 5) for s in range(2)]}
   grid = {"ppo": runs, "cispo": runs}
-  for metric in ("accuracy", _runs.EVAL):
+  for metric in ("accuracy", _summary.EVAL):
     path = plots.ablation_figure(grid, metric, str(tmp_path / f"{metric[:4]}.png"), title="t")
     assert os.path.getsize(path) > 1000
-  assert os.path.exists(plots.curves_figure(runs, _runs.EVAL, str(tmp_path / "c.png")))
+  assert os.path.exists(plots.curves_figure(runs, _summary.EVAL, str(tmp_path / "c.png")))
   path = plots.bars_figure(["sync", "α=2"], {"a": [1.0, 2.0]}, str(tmp_path / "b.png"),
                            ylabel="x", line={"acc": [0.5, 0.6]}, line_label="y")
   assert os.path.exists(path)
@@ -117,7 +117,7 @@ def test_figures_are_written(tmp_path):
 
 def test_tables(tmp_path):
   rows = [{"a": 1.23456, "b": None, "c": True}, {"a": float("nan"), "b": "x"}]
-  md = _runs.write_table(rows, [("a", "A"), ("b", "B"), ("c", "C")], str(tmp_path), "t",
+  md = _summary.write_table(rows, [("a", "A"), ("b", "B"), ("c", "C")], str(tmp_path), "t",
                          {"note": 1})
   assert md.splitlines()[0] == "| A | B | C |"
   assert "| 1.23 | — | yes |" in md and "| nan | x | — |" in md
