@@ -236,6 +236,8 @@ async def run_async(ctx: LoopContext) -> None:
       times = {"time/wait_data_s": time.perf_counter() - step_start,
                "in_flight_groups": len(in_flight), "buffered_groups": len(buffer)}
       await _train_and_publish(ctx, groups, step, times, step_start)
+      async with cond:  # the publish raised `published_version`: dispatch may proceed (α = 0)
+        cond.notify_all()
   finally:
     stop.set()
     async with cond:
