@@ -122,9 +122,11 @@ def _code_version() -> dict:
   """The commit the run used, and the library files that differed from it (others commit while
   a sweep runs; a cell that ran on other code must be visible)."""
   def git(*args):
-    return subprocess.run(["git", *args], capture_output=True, text=True).stdout.strip()
-  return {"git_commit": git("rev-parse", "HEAD"),
-          "git_dirty": [line[3:] for line in git("status", "--porcelain", "flashrl_jax").splitlines()]}
+    return subprocess.run(["git", *args], capture_output=True, text=True).stdout
+  # Porcelain lines are "XY path": strip only the newline, or the first path loses a letter.
+  status = git("status", "--porcelain", "flashrl_jax").splitlines()
+  return {"git_commit": git("rev-parse", "HEAD").strip(),
+          "git_dirty": [line[3:] for line in status if line.strip()]}
 
 
 def _write_run_info(config, workdir: str, load_before, cores: int) -> None:
@@ -146,12 +148,16 @@ def _write_run_info(config, workdir: str, load_before, cores: int) -> None:
 
 @dataclasses.dataclass
 class RunResult:
+  """A run's outcome. `ok`: it finished (wrote `summary.json`); otherwise `status` says why not
+  ("stalled", "timeout", "rc=1", ...), which the tables print instead of averaging it away."""
+
   spec: RunSpec
   workdir: str
   records: list[dict]
   summary: dict
   ok: bool
   info: dict = dataclasses.field(default_factory=dict)
+  status: str = "ok"
 
 
 def load_records(workdir: str) -> list[dict]:
@@ -213,6 +219,7 @@ def launch(spec: RunSpec, out_dir: str, *, timeout_s: float = 1800, stall_s: flo
   """Runs `spec` in `out_dir/spec.name` (or reuses a finished run there)."""
   workdir = os.path.abspath(os.path.join(out_dir, spec.name))
   summary_path = os.path.join(workdir, "summary.json")
+  rc: int | str = 0
   if os.path.exists(summary_path) and not rerun:
     log(f"[{spec.name}] finished earlier, reusing {workdir}")
   else:
@@ -238,7 +245,8 @@ def launch(spec: RunSpec, out_dir: str, *, timeout_s: float = 1800, stall_s: flo
   if os.path.exists(os.path.join(workdir, "run_info.json")):
     with open(os.path.join(workdir, "run_info.json")) as f:
       info = json.load(f)
-  return RunResult(spec, workdir, load_records(workdir), summary, bool(summary), info)
+  status = "ok" if summary else (rc if isinstance(rc, str) else f"rc={rc}, no summary")
+  return RunResult(spec, workdir, load_records(workdir), summary, bool(summary), info, status)
 
 
 def run_all(specs: list[RunSpec], out_dir: str, **kwargs) -> list[RunResult]:

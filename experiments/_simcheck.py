@@ -19,6 +19,10 @@ import re
 import subprocess
 import sys
 
+import numpy as np
+
+from experiments import _summary
+
 DEMO_MODEL = ".cache/demo_model"
 
 
@@ -83,6 +87,50 @@ def compare(workdir: str, decode: dict, warmup: int, seeds: int = 3, scale: floa
   with open(os.path.join(workdir, f"sim_vs_measured{tag}.txt"), "w") as f:
     f.write(" ".join(cmd) + "\n" + proc.stdout + proc.stderr)
   return parse_report(proc.stdout) if proc.returncode == 0 else {"error_text": proc.stderr[-500:]}
+
+
+def check_runs(results, out_dir: str) -> tuple[dict, dict, float | None]:
+  """Every finished run replayed twice: with the standalone decode measurement (cached in
+  `out_dir/decode.json`), and with decode rescaled so that the sync run's generation time is
+  reproduced (fitted on sync, then a prediction for every async run). Returns
+  (reports by run name, fitted reports by run name, the fitted scale)."""
+  done = [r for r in results if r.ok]
+  if not done:
+    return {}, {}, None
+  with open(os.path.join(done[0].workdir, "config.json")) as f:
+    config = json.load(f)
+  decode = measure_decode(os.path.join(out_dir, "decode.json"),
+                          slots=config["rollout"]["max_running_requests"],
+                          context_length=config["train"]["batch"]["row_length"])
+
+  def warm(r):
+    return _summary.warmup_steps(r.records, r.spec.overrides.get("async_ratio", 0))
+
+  raw = {r.spec.name: compare(r.workdir, decode, warm(r)) for r in done}
+  sync = next((r for r in done if r.spec.overrides.get("mode") == "sync"), None)
+  scale = fitted_scale(raw[sync.spec.name]) if sync else None
+  if not scale:
+    return raw, {}, None
+  for _ in range(2):  # generation time is not exactly linear in the decode step: refine
+    report = compare(sync.workdir, decode, warm(sync), scale=scale, tag="_fitted")
+    scale *= fitted_scale(report) or 1.0
+  fitted = {r.spec.name: compare(r.workdir, decode, warm(r), scale=scale, tag="_fitted")
+            for r in done}
+  return raw, fitted, scale
+
+
+def add_to_rows(rows: list[dict], results, reports: dict, fitted: dict) -> None:
+  """Per cell row (`_summary.cell_rows`): the seeds' mean predicted and measured samples/s and
+  relative error, as `sim_*` (standalone decode) and `simfit_*` (decode fitted on sync)."""
+  cells = _summary.group_cells(results)
+  for row in rows:
+    names = [r.spec.name for r in cells.get(row["cell"], [])]
+    for prefix, source in (("sim", reports), ("simfit", fitted)):
+      checks = [source[n] for n in names if "error" in source.get(n, {})]
+      if checks:
+        row[f"{prefix}_predicted"] = float(np.mean([c["predicted"] for c in checks]))
+        row[f"{prefix}_measured"] = float(np.mean([c["measured"] for c in checks]))
+        row[f"{prefix}_error"] = float(np.mean([c["error"] for c in checks]))
 
 
 def fitted_scale(sync_report: dict) -> float | None:

@@ -122,6 +122,60 @@ def mean_over_seeds(summaries: list[dict]) -> dict[str, Any]:
   return row
 
 
+def cell_of(run_name: str) -> str:
+  """A run's cell: its name without the seed suffix (`ppo_a2_s1` -> `ppo_a2`)."""
+  return run_name.rsplit("_", 1)[0]
+
+
+def group_cells(results) -> dict[str, list]:
+  """Runs grouped by cell, cells in the order their first run was specified."""
+  cells: dict[str, list] = {}
+  for result in results:
+    cells.setdefault(cell_of(result.spec.name), []).append(result)
+  return cells
+
+
+def cell_rows(results, *, threshold: float) -> list[dict]:
+  """One row per cell: what the cell varied (`mode`, `alpha`, `label` such as "sync" / "α=2",
+  `loss`), `mean_over_seeds` of its finished runs, and `status` — "ok", or which seeds did not
+  finish and why. Unfinished cells are listed (seeds = 0), never silently dropped or averaged."""
+  rows = []
+  for cell, runs in group_cells(results).items():
+    o = runs[0].spec.overrides
+    alpha = 0 if o.get("mode") == "sync" else int(o.get("async_ratio", 0))
+    row: dict[str, Any] = {
+        "cell": cell, "mode": o.get("mode"), "alpha": alpha,
+        "label": "sync" if o.get("mode") == "sync" else f"α={alpha}",
+        "loss": o.get("loss", {}).get("name"),
+        **mean_over_seeds([summarize(r, threshold=threshold) for r in runs])}
+    failed = [f"{r.spec.name}: {r.status}" for r in runs if not r.ok]
+    row["status"] = ("ok" if not failed else
+                     f"{len(runs) - len(failed)}/{len(runs)} finished ({'; '.join(failed)})")
+    rows.append(row)
+  return rows
+
+
+def add_speedups(rows: list[dict], baseline: str = "sync") -> None:
+  """`speedup` (median-step samples/s) and `token_speedup` over the row labelled `baseline`."""
+  base = next((r for r in rows if r.get("label") == baseline and r.get("seeds")), None)
+  if not base or not base.get("samples_per_s_median"):
+    return
+  for row in rows:
+    if row.get("samples_per_s_median"):
+      row["speedup"] = row["samples_per_s_median"] / base["samples_per_s_median"]
+      row["token_speedup"] = row["tokens_per_s_median"] / base["tokens_per_s_median"]
+
+
+def saturation_point(rows: list[dict], key: str, fraction: float) -> int | None:
+  """The smallest α whose `key` (a throughput) is within `fraction` of the best async row's."""
+  rows = [r for r in rows if r.get("mode") == "async" and r.get("seeds") and
+          r.get(key) is not None]
+  if not rows:
+    return None
+  best = max(r[key] for r in rows)
+  return min(r["alpha"] for r in rows if r[key] >= fraction * best)
+
+
 def fmt(value: Any, digits: int = 3) -> str:
   if value is None:
     return "—"

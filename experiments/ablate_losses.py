@@ -19,7 +19,6 @@ each loss is the one its paper describes; everything else comes from `--config`.
 
 from __future__ import annotations
 
-import collections
 import os
 import shutil
 
@@ -76,29 +75,14 @@ def make_specs(losses, modes, seeds, steps, config, learning_rate=None) -> list[
   return specs
 
 
-COLUMNS = [("loss", "loss"), ("mode", "mode"), ("seeds", "seeds"),
+COLUMNS = [("loss", "loss"), ("label", "mode"), ("seeds", "seeds"),
            ("initial_eval", "eval acc. step 0"), ("final_eval", "eval acc. final"),
            ("final_eval_std", "± seeds"), ("eval_gain", "gain"),
            ("final_accuracy", "train acc. (11-MA, last)"),
            ("steps_to_threshold", "steps to thr."), ("time_to_threshold_s", "s to thr."),
            ("train_wall_s", "Σ step time (s)"), ("wall_s", "wall (s)"),
            ("samples_per_s_median", "samples/s (median)"), ("staleness_mean", "mean staleness"),
-           ("dropped_stale", "dropped stale")]
-
-
-def aggregate(results, threshold: float) -> list[dict]:
-  """One row per (loss, mode), averaged over seeds."""
-  cells = collections.defaultdict(list)
-  for result in results:
-    loss, tag, _ = result.spec.name.rsplit("_", 2)
-    cells[(loss, tag)].append(_summary.summarize(result, threshold=threshold))
-  rows = []
-  for (loss, tag), runs in cells.items():
-    row = {"loss": loss, "mode": "sync" if tag == "sync" else f"α={tag[1:]}",
-           **_summary.mean_over_seeds(runs)}
-    if row["seeds"]:
-      rows.append(row)
-  return rows
+           ("dropped_stale", "dropped stale"), ("status", "status")]
 
 
 def main(argv):
@@ -110,16 +94,14 @@ def main(argv):
       print(f"{spec.name}: {spec.command()}")
     return
   results = _runs.run_all(specs, _OUT.value, timeout_s=_TIMEOUT.value, rerun=_RERUN.value)
-  rows = aggregate(results, _THRESHOLD.value)
+  rows = _summary.cell_rows(results, threshold=_THRESHOLD.value)
   table = _summary.write_table(rows, COLUMNS, _OUT.value, "summary",
-                            {"threshold": _THRESHOLD.value, "steps": _STEPS.value,
-                             "commands": {s.name: s.command() for s in specs}})
-  grid = collections.defaultdict(dict)
-  for loss in _LOSSES.value:
-    for mode in _MODES.value:
-      prefix = f"{loss}_{mode_tag(mode)}_"
-      grid[loss][mode_label(mode)] = [r.records for r in results
-                                      if r.spec.name.startswith(prefix)]
+                               {"threshold": _THRESHOLD.value, "steps": _STEPS.value,
+                                "commands": {s.name: s.command() for s in specs}})
+  cells = _summary.group_cells(results)
+  grid = {loss: {mode_label(mode): [r.records for r in cells.get(f"{loss}_{mode_tag(mode)}", [])
+                                    if r.ok]  # a stopped run's records would cut every curve
+                 for mode in _MODES.value} for loss in _LOSSES.value}
   figures = [
       plots.ablation_figure(grid, "accuracy", os.path.join(_OUT.value, "train_accuracy.png"),
                             title="training accuracy vs step"),

@@ -14,12 +14,9 @@ Full scale:
 
 from __future__ import annotations
 
-import collections
-import json
 import os
 import shutil
 
-import numpy as np
 from absl import app, flags
 
 from experiments import _runs, _simcheck, _summary, plots
@@ -50,82 +47,20 @@ def make_specs(ratios, sync, seeds, steps, config) -> list[_runs.RunSpec]:
   return specs
 
 
-def saturation_point(rows: list[dict], key: str, fraction: float):
-  """The smallest α whose throughput is within `fraction` of the best async throughput."""
-  rows = [r for r in rows if r["mode"] != "sync" and r.get(key) is not None]
-  if not rows:
-    return None
-  best = max(r[key] for r in rows)
-  return min(r["alpha"] for r in rows if r[key] >= fraction * best)
-
-
 COLUMNS = [("mode", "mode"), ("alpha", "α"), ("seeds", "seeds"),
            ("samples_per_s_steady", "samples/s (steady mean)"),
            ("samples_per_s_median", "samples/s (median step)"), ("speedup", "speedup vs sync"),
            ("tokens_per_s_median", "tokens/s (median)"), ("token_speedup", "token speedup"),
-           ("pause_s_mean", "pause s/step"), ("final_eval", "eval acc. final"),
-           ("eval_gain", "eval gain"), ("final_accuracy", "train acc. (11-MA)"),
-           ("staleness_mean", "mean staleness"), ("dropped_stale", "dropped stale"),
-           ("response_length_mean", "mean length"), ("sim_measured", "samples/s (sim's measure)"),
+           ("pause_s_mean", "pause s/step"), ("train_s_mean", "train s/step"),
+           ("wait_data_s_mean", "wait s/step"), ("final_eval", "eval acc. final"),
+           ("final_eval_std", "± seeds"), ("eval_gain", "eval gain"),
+           ("final_accuracy", "train acc. (11-MA)"), ("staleness_mean", "mean staleness"),
+           ("dropped_stale", "dropped stale"), ("response_length_mean", "mean length"),
+           ("loadavg", "load avg (1 min, at start)"),
+           ("sim_measured", "samples/s (sim's measure)"),
            ("sim_predicted", "sim: standalone decode"), ("sim_error", "error"),
            ("simfit_predicted", "sim: decode fitted on sync"), ("simfit_error", "error "),
            ("status", "status")]
-
-
-def validate(results) -> tuple[dict, dict, float | None]:
-  """Each run replayed in the simulator twice: with the standalone decode measurement, and with
-  decode rescaled so that the sync run's generation time is reproduced (fitted on sync, then a
-  prediction for every async run)."""
-  done = [r for r in results if r.ok]
-  if not done:
-    return {}, {}, None
-  with open(os.path.join(done[0].workdir, "config.json")) as f:
-    config = json.load(f)
-  decode = _simcheck.measure_decode(os.path.join(_OUT.value, "decode.json"),
-                                    slots=config["rollout"]["max_running_requests"],
-                                    context_length=config["train"]["batch"]["row_length"])
-
-  def warm(r):
-    return _summary.warmup_steps(r.records, r.spec.overrides.get("async_ratio", 0))
-
-  raw = {r.spec.name: _simcheck.compare(r.workdir, decode, warm(r)) for r in done}
-  sync = next((r for r in done if r.spec.overrides.get("mode") == "sync"), None)
-  scale = _simcheck.fitted_scale(raw[sync.spec.name]) if sync else None
-  if not scale:
-    return raw, {}, None
-  for _ in range(2):  # generation time is not exactly linear in the decode step: refine
-    report = _simcheck.compare(sync.workdir, decode, warm(sync), scale=scale, tag="_fitted")
-    scale *= _simcheck.fitted_scale(report) or 1.0
-  fitted = {r.spec.name: _simcheck.compare(r.workdir, decode, warm(r), scale=scale,
-                                           tag="_fitted") for r in done}
-  return raw, fitted, scale
-
-
-def aggregate(results, threshold: float, sims: dict[str, dict],
-              fitted: dict[str, dict]) -> list[dict]:
-  cells = collections.defaultdict(list)
-  for result in results:
-    cells[result.spec.name.rsplit("_", 1)[0]].append(result)
-  rows = []
-  for tag, runs in cells.items():
-    row = {"mode": "sync" if tag == "sync" else "async",
-           "alpha": 0 if tag == "sync" else int(tag[1:]),
-           **_summary.mean_over_seeds([_summary.summarize(r, threshold=threshold) for r in runs])}
-    if not row["seeds"]:
-      continue
-    for prefix, source in (("sim", sims), ("simfit", fitted)):
-      checks = [source[r.spec.name] for r in runs if "error" in source.get(r.spec.name, {})]
-      if checks:
-        row[f"{prefix}_predicted"] = float(np.mean([c["predicted"] for c in checks]))
-        row[f"{prefix}_measured"] = float(np.mean([c["measured"] for c in checks]))
-        row[f"{prefix}_error"] = float(np.mean([c["error"] for c in checks]))
-    rows.append(row)
-  sync = next((r for r in rows if r["mode"] == "sync"), None)
-  for row in rows:
-    if sync and sync.get("samples_per_s_median") and row.get("samples_per_s_median"):
-      row["speedup"] = row["samples_per_s_median"] / sync["samples_per_s_median"]
-      row["token_speedup"] = row["tokens_per_s_median"] / sync["tokens_per_s_median"]
-  return rows
 
 
 def main(argv):
@@ -136,26 +71,28 @@ def main(argv):
       print(f"{spec.name}: {spec.command()}")
     return
   results = _runs.run_all(specs, _OUT.value, timeout_s=_TIMEOUT.value, rerun=_RERUN.value)
-  sims, fitted, scale = validate(results) if _VALIDATE.value else ({}, {}, None)
-  rows = aggregate(results, _THRESHOLD.value, sims, fitted)
-  done = [r for r in rows if r["seeds"]]
-  saturates = {key: saturation_point(done, key, _SATURATION.value)
+  rows = _summary.cell_rows(results, threshold=_THRESHOLD.value)
+  _summary.add_speedups(rows)
+  sims, fitted, scale = (_simcheck.check_runs(results, _OUT.value) if _VALIDATE.value
+                         else ({}, {}, None))
+  _simcheck.add_to_rows(rows, results, sims, fitted)
+  saturates = {key: _summary.saturation_point(rows, key, _SATURATION.value)
                for key in ("samples_per_s_median", "samples_per_s_steady")}
   table = _summary.write_table(rows, COLUMNS, _OUT.value, "summary",
-                            {"saturation_alpha": saturates, "sims": sims, "sims_fitted": fitted,
-                             "decode_scale_fitted_on_sync": scale,
-                             "commands": {s.name: s.command() for s in specs}})
-  labels = [("sync" if r["mode"] == "sync" else f"α={r['alpha']}") for r in done]
+                               {"saturation_alpha": saturates, "sims": sims,
+                                "sims_fitted": fitted, "decode_scale_fitted_on_sync": scale,
+                                "commands": {s.name: s.command() for s in specs}})
+  done = [r for r in rows if r["seeds"]]
   bars = plots.bars_figure(
-      labels, {"steady mean": [r["samples_per_s_steady"] for r in done],
-               "median step": [r["samples_per_s_median"] for r in done]},
+      [r["label"] for r in done], {"steady mean": [r["samples_per_s_steady"] for r in done],
+                                   "median step": [r["samples_per_s_median"] for r in done]},
       os.path.join(_OUT.value, "throughput.png"), ylabel="samples / s",
       title="throughput and final accuracy vs async ratio",
       line={"final held-out accuracy": [r.get("final_eval") for r in done]},
       line_label="expected accuracy")
+  cells = _summary.group_cells(results)
   curves = plots.curves_figure(
-      {label: [r.records for r in results if r.spec.name.rsplit("_", 1)[0] ==
-               ("sync" if label == "sync" else "a" + label[2:])] for label in labels},
+      {r["label"]: [run.records for run in cells[r["cell"]] if run.ok] for r in done},
       _summary.EVAL, os.path.join(_OUT.value, "accuracy.png"),
       title="held-out expected accuracy vs step", baseline="sync")
   if _DOCS.value:

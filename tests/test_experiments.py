@@ -269,3 +269,41 @@ def test_a_hung_run_is_stopped(tmp_path):
   messages = []
   rc = _runs._watch(child, str(tmp_path), timeout_s=60, stall_s=3, log=messages.append)
   assert rc == "stalled" and child.poll() is not None and "stalled" in messages[0]
+
+
+def test_cell_rows_list_unfinished_cells_and_saturation(tmp_path):
+  def run(name, overrides, throughput):
+    spec = write_run(str(tmp_path), name, fake_records(12, alpha=2, step_s=32 / throughput),
+                     overrides)
+    return _runs.launch(spec, str(tmp_path), log=lambda *_: None)
+
+  def stopped(name, overrides):
+    return _runs.RunResult(_runs.RunSpec(name, overrides), "", [], {}, False, status="stalled")
+
+  a = lambda alpha: {"mode": "async", "async_ratio": alpha}  # noqa: E731
+  results = [run("sync_s0", {"mode": "sync"}, 50.0), run("sync_s1", {"mode": "sync"}, 50.0),
+             run("a1_s0", a(1), 96.0), stopped("a1_s1", a(1)),
+             run("a2_s0", a(2), 100.0), run("a2_s1", a(2), 100.0),
+             stopped("a0_s0", a(0)), stopped("a0_s1", a(0))]
+  rows = {r["cell"]: r for r in _summary.cell_rows(results, threshold=0.6)}
+  assert list(rows) == ["sync", "a1", "a2", "a0"]  # specification order, failed cell listed
+  assert rows["sync"]["label"] == "sync" and rows["a2"]["label"] == "α=2"
+  assert rows["sync"]["status"] == "ok" and rows["sync"]["seeds"] == 2
+  assert rows["a1"]["seeds"] == 1 and rows["a1"]["status"] == "1/2 finished (a1_s1: stalled)"
+  assert rows["a0"]["seeds"] == 0 and rows["a0"]["status"].startswith("0/2 finished")
+  _summary.add_speedups(list(rows.values()))
+  assert rows["a2"]["speedup"] == pytest.approx(2.0) and "speedup" not in rows["a0"]
+  # α = 1 is within 5% of the best (α = 2); the unfinished α = 0 cannot be the answer.
+  assert _summary.saturation_point(list(rows.values()), "samples_per_s_median", 0.95) == 1
+  assert _summary.saturation_point(list(rows.values()), "samples_per_s_median", 0.99) == 2
+
+
+def test_sim_reports_are_averaged_per_cell():
+  results = [_runs.RunResult(_runs.RunSpec(n, {"mode": "async", "async_ratio": 2}), "", [], {},
+                             True) for n in ("a2_s0", "a2_s1")]
+  rows = [{"cell": "a2"}, {"cell": "sync"}]
+  reports = {"a2_s0": {"predicted": 10.0, "measured": 8.0, "error": 0.25},
+             "a2_s1": {"predicted": 20.0, "measured": 20.0, "error": 0.0}}
+  _simcheck.add_to_rows(rows, results, reports, {"a2_s1": {"error_text": "failed"}})
+  assert rows[0]["sim_predicted"] == 15.0 and rows[0]["sim_error"] == pytest.approx(0.125)
+  assert "simfit_error" not in rows[0] and "sim_error" not in rows[1]
