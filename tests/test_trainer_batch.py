@@ -20,6 +20,7 @@ from flashrl_jax.testing import tiny_config
 from flashrl_jax.trainer import (BatchConfig, LossInputs, OptimizerConfig, TrainConfig, Trainer,
                                  compute_advantages, create_train_state, make_mesh,
                                  minibatch_gradients, pack, random_trajectories)
+from flashrl_jax.trainer._step import sequence_logprobs
 
 MODEL = tiny_config()
 
@@ -131,6 +132,30 @@ def test_packed_equals_unpacked(model_state):
       lambda p: naive_loss(graphdef, p, config, trajs)))(params)
   np.testing.assert_allclose(loss, float(ref_loss), rtol=1e-5)
   assert_trees_close(grads, ref_grads, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("row_length,slots", [(40, 4), (64, 2)])
+def test_vocab_projection_on_slots_or_tokens_agree(model_state, row_length, slots):
+  """Projecting gathered response slots and projecting every packed token give the same log-probs,
+  entropies and gradients (the step picks the smaller of the two from the shapes)."""
+  graphdef, params = model_state
+  config = TrainConfig(temperature=0.8, batch=BatchConfig(
+      row_length=row_length, rows=4, sequences_per_row=slots, max_response_length=12))
+  micro = jax.tree.map(lambda x: jnp.asarray(x[0, 0]), pack(trajectories(seed=8), config.batch))
+
+  def objective(p, project_slots):
+    model = nnx.merge(graphdef, p)
+    logp, entropy = sequence_logprobs(model, micro, config, project_slots=project_slots)
+    masked = lambda x: jnp.where(micro.loss_mask, x, 0.0)
+    return jnp.sum(masked(logp)) + 0.3 * jnp.sum(masked(entropy)), (masked(logp), masked(entropy))
+
+  results = [jax.jit(jax.value_and_grad(objective, has_aux=True), static_argnums=1)(params, choice)
+             for choice in (True, False)]
+  ((_, (logp_a, ent_a)), grads_a), ((_, (logp_b, ent_b)), grads_b) = results
+  assert float(jnp.abs(logp_a).sum()) > 0  # the batch has response tokens
+  np.testing.assert_allclose(logp_a, logp_b, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(ent_a, ent_b, rtol=1e-5, atol=1e-6)
+  assert_trees_close(grads_a, grads_b, rtol=1e-4, atol=1e-6)
 
 
 def test_gradient_accumulation_equals_full_batch(model_state):

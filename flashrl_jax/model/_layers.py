@@ -49,6 +49,35 @@ class RMSNorm(nnx.Module):
     return self.scale[...].astype(x.dtype) * normed.astype(x.dtype)
 
 
+def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                      num_kv_heads: int, dtype) -> jax.Array:
+  """Masked softmax attention with grouped KV heads: `q` `[B,T,N,H]`, `k`/`v` `[B,S,K,H]`,
+  `mask` `[B,T,S]` -> `[B,T,N,H]`.
+
+  Laid out for XLA:CPU, where this form measured 2x faster forward+backward (and ~8x faster
+  forward) than the textbook einsums on a packed [16, 256] training batch: both matmuls are plain
+  batched `[B, K]` products over `(G*T, H)` rows (no transposed dot outputs); the mask is an
+  additive bias (a `where` fused into the dot made XLA emit a naive loop); and the softmax is
+  normalised after the `probs @ v` product, dividing `[.., H]` instead of `[.., S]`. The shift is
+  the row max without gradient (softmax is shift-invariant). A finite floor (not -inf) keeps
+  fully-masked padding rows finite (uniform) instead of NaN.
+  """
+  b, t, n, h = q.shape
+  groups = n // num_kv_heads
+  scale = np.float32(1.0 / np.sqrt(h))
+  q = (q * scale.astype(q.dtype)).reshape(b, t, num_kv_heads, groups, h)
+  q = q.transpose(0, 2, 3, 1, 4).reshape(b, num_kv_heads, groups * t, h)
+  k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, S, H]
+  scores = jnp.einsum("bkqh,bksh->bkqs", q, k, preferred_element_type=jnp.float32)
+  bias = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)[:, None, None]  # [B, 1, 1, T, S]
+  scores = scores.reshape(b, num_kv_heads, groups, t, -1) + bias
+  weights = jnp.exp(scores - jax.lax.stop_gradient(scores.max(-1, keepdims=True)))
+  out = jnp.einsum("bkqs,bksh->bkqh", weights.reshape(b, num_kv_heads, groups * t, -1).astype(dtype),
+                   v, preferred_element_type=jnp.float32).reshape(b, num_kv_heads, groups, t, h)
+  out = out / weights.sum(-1, keepdims=True)
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(dtype)
+
+
 class Attention(nnx.Module):
   """Grouped-query attention with RoPE, optional qkv bias (Qwen2) and per-head q/k norm (Qwen3)."""
 
@@ -90,15 +119,7 @@ class Attention(nnx.Module):
     if cache is not None:
       cache = cache.write(layer, k, v, positions, valid)
       k, v = cache.k[layer].astype(self.dtype), cache.v[layer].astype(self.dtype)
-    groups = self.num_heads // self.num_kv_heads
-    b, t = q.shape[:2]
-    q = q.reshape(b, t, self.num_kv_heads, groups, self.head_dim)
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = scores / np.sqrt(self.head_dim).astype(np.float32)
-    # A finite floor (not -inf) keeps fully-masked padding rows finite instead of NaN.
-    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(b, t, self.num_heads, self.head_dim)
+    out = grouped_attention(q, k, v, mask, self.num_kv_heads, self.dtype)
     out = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(self.dtype))
     return self.shard(out, ("batch", "length", "embed")), cache
 

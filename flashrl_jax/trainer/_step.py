@@ -29,22 +29,31 @@ class LossInputs(NamedTuple):
   ref_logp: jax.Array | None = None
 
 
-def sequence_logprobs(model: Decoder, micro: Batch, config: TrainConfig
-                      ) -> tuple[jax.Array, jax.Array]:
+def sequence_logprobs(model: Decoder, micro: Batch, config: TrainConfig, *,
+                      project_slots: bool | None = None) -> tuple[jax.Array, jax.Array]:
   """(logp, entropy) `[R, S, L]` of each slot's response tokens, from one packed micro-batch.
 
-  Hidden states are gathered to the response positions *before* the vocabulary projection, so
-  prompt and padding positions never pay for the `[D, V]` matmul; the gather is per row, so it
-  stays on the device that holds the row.
+  The `[D, V]` vocabulary projection runs on whichever is smaller (`project_slots=None`): the
+  `R*S*L` response slots (gather hidden states first: prompt and padding positions never pay for
+  it, the win with a large vocabulary and long prompts) or the `R*T` packed positions (project
+  every token, then gather the scalar log-probs: the win when many short sequences share a row,
+  where `S*L` can be 10x `T`). Both give the same numbers; the choice is static (batch shapes).
   """
   hidden = model.hidden_states(micro.input_ids, micro.positions, micro.segment_ids)  # [R, T, D]
   rows, slots, width = micro.token_index.shape
+  if project_slots is None:
+    project_slots = slots * width <= micro.input_ids.shape[1]
   take = jax.vmap(lambda x, index: x[index])  # row r: x[r][index[r]]
-  h = take(hidden, micro.token_index).reshape(rows * slots, width, -1)  # [R*S, L, D]
-  y = take(micro.targets, micro.token_index).reshape(rows * slots, width)
-  logp, entropy = token_logprobs(h, model.unembedding(), y, temperature=config.temperature,
-                                 chunk_size=config.logprob_chunk_size)
-  return logp.reshape(rows, slots, width), entropy.reshape(rows, slots, width)
+  head = lambda h, y: token_logprobs(h, model.unembedding(), y, temperature=config.temperature,
+                                     chunk_size=config.logprob_chunk_size)
+  if project_slots:
+    logp, entropy = head(take(hidden, micro.token_index).reshape(rows * slots, width, -1),
+                         take(micro.targets, micro.token_index).reshape(rows * slots, width))
+    return logp.reshape(rows, slots, width), entropy.reshape(rows, slots, width)
+  logp, entropy = head(hidden, micro.targets)  # [R, T]
+  flat_index = micro.token_index.reshape(rows, slots * width)
+  return (take(logp, flat_index).reshape(rows, slots, width),
+          take(entropy, flat_index).reshape(rows, slots, width))
 
 
 def micro_batch_loss(params: nnx.State, graphdef: nnx.GraphDef, config: TrainConfig, micro: Batch,
