@@ -123,11 +123,14 @@ def apply_flags(config: RunConfig) -> RunConfig:
 
 
 def ensure_model(config: RunConfig) -> None:
-  """Trains and caches the demo's warm-start model when the config points at it."""
+  """Trains and caches a project warm-start model (demo or benchmark) when the config points at it."""
+  from experiments.configs.bench_rlvr import BENCH_MODEL_DIR, BENCH_WARMSTART_STEPS, bench_task
   from experiments.configs.demo import DEMO_MODEL_DIR
+  from experiments.warmstart import ensure_warmstart
   if os.path.normpath(config.model_path) == os.path.normpath(DEMO_MODEL_DIR):
-    from experiments.warmstart import ensure_warmstart
     ensure_warmstart(DEMO_MODEL_DIR)
+  elif os.path.normpath(config.model_path) == os.path.normpath(BENCH_MODEL_DIR):
+    ensure_warmstart(BENCH_MODEL_DIR, steps=BENCH_WARMSTART_STEPS, task=bench_task())
   elif not os.path.exists(os.path.join(config.model_path, "config.json")):
     raise app.UsageError(f"--model_path {config.model_path} is not an HF directory.")
 

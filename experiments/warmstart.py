@@ -9,6 +9,8 @@ is right some of the time, so the async RL run that follows has a reward signal 
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import time
@@ -43,14 +45,25 @@ def _encode_batch(tok, samples, length: int):
   return ids, mask
 
 
-def train_warmstart(out: str, steps: int, batch: int, lr: float, seed: int) -> str:
+def _sequence_length(task: envs.SyntheticConfig) -> int:
+  """Room for the longest prompt + answer + eos of `task`, rounded up to a multiple of 16."""
+  longest = envs.generate_synthetic(
+      dataclasses.replace(task, lengths=dataclasses.replace(
+          task.lengths, law=envs.LengthLaw.CONSTANT, median=task.lengths.max_len)), num=1, seed=0)[0]
+  tokens = len(longest.prompt) + len(longest.answer) + 2  # char tokenizer: one token per character
+  return max(80, -(-tokens // 16) * 16)
+
+
+def train_warmstart(out: str, steps: int, batch: int, lr: float, seed: int,
+                    task: envs.SyntheticConfig | None = None) -> str:
   tok = char_tokenizer()
   config = demo_model_config(vocab_size=96)
   model = Decoder(config, rngs=nnx.Rngs(seed))
   schedule = optax.warmup_cosine_decay_schedule(0.0, lr, min(50, steps // 5), steps, lr * 0.1)
   optimizer = nnx.Optimizer(model, optax.adamw(schedule, weight_decay=0.01), wrt=nnx.Param)
-  data = envs.generate_synthetic(demo_task(), num=steps * batch, seed=seed + 1)
-  length = 80
+  task = task or demo_task()
+  data = envs.generate_synthetic(task, num=steps * batch, seed=seed + 1)
+  length = _sequence_length(task)
 
   @nnx.jit
   def step(model, optimizer, ids, mask):
@@ -73,20 +86,32 @@ def train_warmstart(out: str, steps: int, batch: int, lr: float, seed: int) -> s
   save_hf(model, out)
   tok.save(out)
   with open(os.path.join(out, "warmstart.json"), "w") as f:
-    json.dump({"steps": steps, "batch": batch, "lr": lr, "seed": seed,
+    json.dump({"steps": steps, "batch": batch, "lr": lr, "seed": seed, "task": _task_key(task),
                "final_loss": float(loss)}, f)
   return out
 
 
+def _task_key(task: envs.SyntheticConfig) -> str:
+  """A fingerprint of the problems `task` generates (so `median=8` and `median=8.0` agree)."""
+  problems = envs.generate_synthetic(task, num=256, seed=0)
+  return hashlib.sha256("\n".join(f"{p.prompt}|{p.answer}" for p in problems).encode()).hexdigest()
+
+
 def ensure_warmstart(out: str, steps: int = 160, batch: int = 32, lr: float = 3e-3, seed: int = 0,
-                     force: bool = False) -> str:
-  """Returns the cached warm-started model dir, training it first if needed."""
+                     force: bool = False, task: envs.SyntheticConfig | None = None) -> str:
+  """Returns the cached warm-started model dir, training it first if needed.
+
+  The cache is keyed by the step count and (for a task other than the demo's) the task, so a
+  changed task retrains instead of silently reusing a model warm-started on another distribution.
+  """
   marker = os.path.join(out, "warmstart.json")
   if os.path.exists(marker) and not force:
     with open(marker) as f:
-      if json.load(f).get("steps") == steps:
-        return out
-  return train_warmstart(out, steps, batch, lr, seed)
+      recorded = json.load(f)
+    if recorded.get("steps") == steps and recorded.get("task", _task_key(demo_task())) == _task_key(
+        task or demo_task()):
+      return out
+  return train_warmstart(out, steps, batch, lr, seed, task)
 
 
 def main(argv):

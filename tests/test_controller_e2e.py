@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-STEPS = 20  # lr 3e-4, 128 samples/step: sync +0.03 by step 12, async (demo run) +0.065 by step 20
+STEPS = 20  # lr 3e-4, 128 samples/step: sync and async α=2 both +0.03-0.07 by step 20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
@@ -49,12 +49,8 @@ def test_run_learns_and_respects_staleness(tmp_path, demo_model, mode_flags, alp
   assert len(all_ids) == len(set(all_ids)), "a sample was trained twice"
   before = records[0]["eval/initial_expected_accuracy"]
   after = records[-1]["eval/expected_accuracy"]
-  if alpha == 0:
-    assert after > before + 0.01, (before, after)
-  else:
-    # Async α=2 learns too, but more slowly and more noisily on this tiny model: the 40-step demo
-    # went 0.555 -> 0.621 (step 20) -> 0.672, while two 12-20-step runs ended within ±0.02 of the
-    # start. Within this short budget we only require that it did not degrade the policy.
-    assert after > before - 0.05, (before, after)
+  # Both modes must learn. In the 3-seed loss ablation (RESULTS.md §1, 40 steps), every sync and
+  # α=2 run of PPO, TIS, CISPO and GRPO was 0.03-0.07 above its start by step 20.
+  assert after > before + 0.01, (mode_flags, before, after)
   assert os.path.exists(tmp_path / "run" / "reward.png")
   assert os.path.isdir(tmp_path / "run" / "tensorboard")
