@@ -9,6 +9,7 @@ default), so layers never read an ambient mesh.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import jax
@@ -34,6 +35,18 @@ def param(rngs: nnx.Rngs, init, shape, names, dtype) -> nnx.Param:
 
 
 _normal = jax.nn.initializers.normal(0.02)
+
+
+def dense(x: jax.Array, kernel: jax.Array, num_in: int = 1) -> jax.Array:
+  """`x` `[B, T, *I]` times `kernel` `[*I, *O]` -> `[B, T, *O]`, as one 2-D matmul over all tokens.
+
+  Why not `einsum("btd,df->btf")`: its kernel gradient contracts over two axes (batch, length),
+  which XLA:CPU lowers with transposed copies of the `[B*T, F]` activations; the 2-D form measured
+  1.5x faster for the SwiGLU MLP forward+backward (hidden 256, 4x256 tokens), same numbers.
+  """
+  lead, ins, outs = x.shape[:x.ndim - num_in], kernel.shape[:num_in], kernel.shape[num_in:]
+  y = x.reshape(-1, math.prod(ins)) @ kernel.reshape(math.prod(ins), math.prod(outs))
+  return y.reshape(*lead, *outs)
 
 
 class RMSNorm(nnx.Module):
@@ -101,7 +114,7 @@ class Attention(nnx.Module):
     self.k_norm = norm() if qk_norm else None
 
   def _project(self, x, kernel, bias):
-    y = jnp.einsum("btd,dnh->btnh", x, kernel[...].astype(self.dtype))
+    y = dense(x, kernel[...].astype(self.dtype))  # [B, T, D] @ [D, N, H] -> [B, T, N, H]
     return y if bias is None else y + bias[...].astype(self.dtype)
 
   def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array,
@@ -120,7 +133,7 @@ class Attention(nnx.Module):
       cache = cache.write(layer, k, v, positions, valid)
       k, v = cache.k[layer].astype(self.dtype), cache.v[layer].astype(self.dtype)
     out = grouped_attention(q, k, v, mask, self.num_kv_heads, self.dtype)
-    out = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(self.dtype))
+    out = dense(out, self.o_proj[...].astype(self.dtype), num_in=2)  # [B,T,N,H] @ [N,H,D]
     return self.shard(out, ("batch", "length", "embed")), cache
 
 
@@ -135,10 +148,10 @@ class MLP(nnx.Module):
     self.down_proj = param(rngs, _normal, (intermediate, hidden), ("mlp", "embed"), param_dtype)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    gate = jnp.einsum("btd,df->btf", x, self.gate_proj[...].astype(self.dtype))
-    up = jnp.einsum("btd,df->btf", x, self.up_proj[...].astype(self.dtype))
+    gate = dense(x, self.gate_proj[...].astype(self.dtype))  # [B, T, F]
+    up = dense(x, self.up_proj[...].astype(self.dtype))
     h = self.shard(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
-    return jnp.einsum("btf,fd->btd", h, self.down_proj[...].astype(self.dtype))
+    return dense(h, self.down_proj[...].astype(self.dtype))
 
 
 class DecoderLayer(nnx.Module):
