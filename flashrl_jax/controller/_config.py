@@ -11,6 +11,7 @@ import enum
 import os
 
 from flashrl_jax import envs
+from flashrl_jax._enums import parse_enum
 from flashrl_jax.controller._agentic_config import AgenticConfig
 from flashrl_jax.rollout._protocol import PauseMode
 from flashrl_jax.trainer import TrainConfig
@@ -25,14 +26,6 @@ class RolloutBackend(enum.Enum):
   EMBEDDED = "embedded"  # our JAX engine, started as local server processes
   SGLANG = "sglang"      # external SGLang-compatible servers at `sglang_urls`
   STUB = "stub"          # the protocol stub (fake model), local processes: fault drills
-
-
-def _enum(cls, value):
-  try:
-    return cls(value)
-  except ValueError:
-    choices = ", ".join(repr(m.value) for m in cls)
-    raise ValueError(f"invalid {cls.__name__} {value!r}; expected one of {choices}.") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +44,8 @@ class RolloutConfig:
   max_retries: int = 3
 
   def __post_init__(self):
-    object.__setattr__(self, "backend", _enum(RolloutBackend, self.backend))
-    object.__setattr__(self, "pause_mode", _enum(PauseMode, self.pause_mode))
+    object.__setattr__(self, "backend", parse_enum(RolloutBackend, self.backend, "backend"))
+    object.__setattr__(self, "pause_mode", parse_enum(PauseMode, self.pause_mode, "pause_mode"))
     object.__setattr__(self, "sglang_urls", tuple(u for u in self.sglang_urls if u))
     if self.backend is RolloutBackend.SGLANG and not self.sglang_urls:
       raise ValueError("--rollout=sglang needs --sglang_urls (comma-separated server URLs).")
@@ -113,7 +106,7 @@ class TaskConfig:
   seed: int = 0
 
   def __post_init__(self):
-    object.__setattr__(self, "reward", _enum(envs.RewardKind, self.reward))
+    object.__setattr__(self, "reward", parse_enum(envs.RewardKind, self.reward, "reward"))
     if sum(x is not None for x in (self.synthetic, self.dataset_path, self.env)) != 1:
       raise ValueError("TaskConfig needs exactly one of `synthetic`, `dataset_path` or `env`.")
 
@@ -145,7 +138,7 @@ class RunConfig:
   eval_samples: int = 256
 
   def __post_init__(self):
-    object.__setattr__(self, "mode", _enum(Mode, self.mode))
+    object.__setattr__(self, "mode", parse_enum(Mode, self.mode, "mode"))
     if self.steps < 1 or self.batch_size < 1 or self.group_size < 1:
       raise ValueError("steps, batch_size and group_size must be >= 1.")
     if self.async_ratio < 0:

@@ -12,6 +12,7 @@ import enum
 
 import jax.numpy as jnp
 
+from flashrl_jax._enums import parse_enum
 from flashrl_jax.losses import LossConfig
 
 
@@ -40,14 +41,6 @@ class DType(enum.Enum):
     return jnp.dtype(self.value)
 
 
-def _enum(cls, value, field):
-  try:
-    return cls(value)
-  except ValueError:
-    choices = ", ".join(repr(v.value) for v in cls)
-    raise ValueError(f"{field}={value!r} is not one of {choices}.") from None
-
-
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
   """AdamW with linear warmup, then a constant or cosine schedule, and global-norm clipping.
@@ -69,7 +62,7 @@ class OptimizerConfig:
   max_grad_norm: float | None = 1.0
 
   def __post_init__(self):
-    object.__setattr__(self, "schedule", _enum(Schedule, self.schedule, "schedule"))
+    object.__setattr__(self, "schedule", parse_enum(Schedule, self.schedule, "schedule"))
     if not self.learning_rate >= 0:
       raise ValueError(f"learning_rate must be >= 0, got {self.learning_rate}.")
     if self.warmup_steps < 0:
@@ -145,9 +138,9 @@ class TrainConfig:
   logprob_chunk_size: int = 128
 
   def __post_init__(self):
-    object.__setattr__(self, "advantage", _enum(AdvantageEstimator, self.advantage, "advantage"))
-    object.__setattr__(self, "param_dtype", _enum(DType, self.param_dtype, "param_dtype"))
-    object.__setattr__(self, "compute_dtype", _enum(DType, self.compute_dtype, "compute_dtype"))
+    object.__setattr__(self, "advantage", parse_enum(AdvantageEstimator, self.advantage, "advantage"))
+    object.__setattr__(self, "param_dtype", parse_enum(DType, self.param_dtype, "param_dtype"))
+    object.__setattr__(self, "compute_dtype", parse_enum(DType, self.compute_dtype, "compute_dtype"))
     if self.ppo_epochs < 1 or self.num_minibatches < 1:
       raise ValueError(f"ppo_epochs and num_minibatches must be >= 1, got {self.ppo_epochs}, "
                        f"{self.num_minibatches}.")
