@@ -10,6 +10,7 @@ import collections
 import json
 import math
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -53,14 +54,20 @@ def _jsonable(value):
 class MetricsLogger:
   """Appends step records to `<workdir>/metrics.jsonl` and mirrors scalars to TensorBoard."""
 
-  def __init__(self, workdir: str, *, tensorboard: bool = True, wandb_project: str | None = None):
+  def __init__(self, workdir: str, *, tensorboard: bool = True, wandb_project: str | None = None,
+               resume_step: int = 0):
+    """`resume_step`: the last step kept by a resumed run; TensorBoard then discards the earlier
+    run's events after it (a purge marker), as `metrics.jsonl` is truncated there by the caller."""
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, "metrics.jsonl")
     self._file = open(self.path, "a")
     self._tb = None
     if tensorboard:
       from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      # The suffix keeps a quick restart (same second, same host) from reusing the previous file.
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"),
+                               purge_step=resume_step + 1 if resume_step else None,
+                               filename_suffix=f".{time.time_ns()}")
     self._wandb = None
     if wandb_project:
       try:

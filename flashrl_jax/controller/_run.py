@@ -189,7 +189,7 @@ def _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step,
     log.info("resumed from step %d (policy version %d)", start_step, trainer.policy_version)
   logger_path = os.path.join(workdir, "metrics.jsonl")
   _truncate_metrics(logger_path, start_step)
-  logger = MetricsLogger(workdir)
+  logger = MetricsLogger(workdir, resume_step=start_step)
   store = VersionStore(os.path.join(workdir, "versions"))
   _drop_future_versions(store, trainer.policy_version)
   eos = tuple(i for i in ([tokenizer.eos_token_id] + list(model_config.eos_token_ids))

@@ -1,0 +1,62 @@
+"""The run's metrics sinks: after a resume, TensorBoard must not show the abandoned steps twice.
+
+`metrics.jsonl` is truncated at the resumed step by `run()`; TensorBoard event files are append-only,
+so the resumed writer records a purge marker (`SessionLog.START` at the first new step) that
+TensorBoard honours by dropping the earlier run's events from that step on. Read back here with the
+event protos themselves (TFRecord framing parsed by hand; TensorBoard is not a dependency).
+"""
+
+import glob
+import os
+import struct
+
+from tensorboardX.proto import event_pb2
+
+from flashrl_jax.controller._metrics import MetricsLogger
+
+
+def read_events(logdir):
+  events = []
+  for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
+    with open(path, "rb") as f:
+      data = f.read()
+    at = 0
+    while at < len(data):
+      (length,) = struct.unpack("<Q", data[at:at + 8])
+      event = event_pb2.Event()
+      event.ParseFromString(data[at + 12:at + 12 + length])  # skip length + its crc
+      events.append((path, event))
+      at += 12 + length + 4  # payload + its crc
+  return events
+
+
+def test_resumed_logger_purges_later_tensorboard_steps(tmp_path):
+  first = MetricsLogger(str(tmp_path))
+  for step in range(1, 6):
+    first.log({"step": step, "reward_mean": float(step)})
+  first.close()
+  resumed = MetricsLogger(str(tmp_path), resume_step=3)
+  for step in (4, 5):
+    resumed.log({"step": step, "reward_mean": 10.0 * step})
+  resumed.close()
+
+  events = read_events(tmp_path / "tensorboard")
+  files = sorted({path for path, _ in events})
+  assert len(files) == 2
+  purges = [(path, e.step) for path, e in events
+            if e.HasField("session_log") and e.session_log.status == event_pb2.SessionLog.START]
+  assert purges == [(files[1], 4)], purges
+  scalars = [(path, e.step, v.simple_value) for path, e in events if e.HasField("summary")
+             for v in e.summary.value if v.tag.endswith("reward_mean")]
+  assert [(s, v) for p, s, v in scalars if p == files[1]] == [(4, 40.0), (5, 50.0)]
+  assert [s for p, s, _ in scalars if p == files[0]] == [1, 2, 3, 4, 5]
+
+
+def test_fresh_logger_writes_no_purge_marker(tmp_path):
+  logger = MetricsLogger(str(tmp_path))
+  logger.log({"step": 1, "reward_mean": 0.5})
+  logger.close()
+  events = read_events(tmp_path / "tensorboard")
+  assert not any(e.HasField("session_log") and e.session_log.status == event_pb2.SessionLog.START
+                 for _, e in events)
+  assert any(e.HasField("summary") for _, e in events)
