@@ -50,7 +50,7 @@ def test_aggregation_skips_empty_rows_and_masked_garbage(agg, expected):
 
 
 def test_unknown_aggregation_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown aggregation 'token_mean'"):
+    with pytest.raises(ValueError, match="aggregation='token_mean' is not one of"):
         losses.aggregate(PER_TOKEN, MASK, "token_mean")
     with pytest.raises(ValueError, match="max_length"):
         losses.aggregate(PER_TOKEN, MASK, "seq-mean-token-sum-norm", max_length=0)

@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from flashrl_jax._enums import parse_enum
+
 
 class Aggregation(enum.Enum):
     """Loss aggregation modes (`n_i` = valid tokens of row i, `S` = the non-empty rows).
@@ -36,11 +38,7 @@ class Aggregation(enum.Enum):
 
 def as_aggregation(value: Aggregation | str) -> Aggregation:
     """Turns an `Aggregation` or its string value (the flag edge) into the enum, or raises."""
-    try:
-        return Aggregation(value)
-    except ValueError:
-        choices = ", ".join(repr(a.value) for a in Aggregation)
-        raise ValueError(f"unknown aggregation {value!r}; expected one of {choices}") from None
+    return parse_enum(Aggregation, value, "aggregation")
 
 
 def aggregate(

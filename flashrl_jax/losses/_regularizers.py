@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from flashrl_jax._enums import parse_enum
 from flashrl_jax.losses import _aggregation, _inputs
 
 
@@ -31,11 +32,7 @@ class KLEstimator(enum.Enum):
 
 def as_kl_estimator(value: KLEstimator | str) -> KLEstimator:
     """Turns a `KLEstimator` or its string value into the enum, or raises ValueError."""
-    try:
-        return KLEstimator(value)
-    except ValueError:
-        choices = ", ".join(repr(k.value) for k in KLEstimator)
-        raise ValueError(f"unknown KL estimator {value!r}; expected one of {choices}") from None
+    return parse_enum(KLEstimator, value, "kl_estimator")
 
 
 def kl_divergence(
