@@ -1,28 +1,43 @@
-"""Train-step throughput of our jitted RL step vs an equivalent PyTorch step, on CPU.
+"""Train-step throughput of our jitted RL step vs an equivalent PyTorch step, on CPU, for two configs.
 
-Why: the trainer must not be the slow side of the async pipeline. Both sides run the same random
-Qwen3 checkpoint (written by transformers, read by our loader), the same batch (full rows: sequences
-exactly `--seq` tokens long, `--prompt` of them prompt, so packing and padding play no part), the same
-loss (token-mean PPO clipped surrogate against behaviour log-probs, GRPO advantages), the same
-AdamW update with global-norm clipping, float32, on the same CPU cores with the same thread count.
-The PyTorch step is written the efficient way: the LM head is applied to response positions only,
-HF's SDPA attention, `zero_grad(set_to_none=True)`, and `OMP_WAIT_POLICY=PASSIVE` (with spinning
-OpenMP workers on a machine shared with other processes, every small PyTorch op is ~50x slower,
-which would make the comparison meaningless in our favour). Steps alternate (ours, torch, ours, ...) so load
-from other processes hits both alike; the medians are reported. Compilation (ours) and a first
-step (torch) are warmed up outside the timings.
+Why: the trainer must not be the slow side of the async pipeline. Two model/batch configs are
+measured side by side in one run:
 
-Also reported: the model FLOPs of one step (6 * matmul params * tokens + attention) as achieved FLOP/s
-and as a fraction of a measured float32 matmul peak of this machine (a large jitted `jnp.dot`).
+  demo     the tiny Qwen3 the CPU demo actually trains (`experiments/warmstart.py`
+           `demo_model_config`: hidden 64, 2 layers, 4/2 heads, head_dim 16, vocab 96, tied
+           embeddings) on the demo's micro-batch shape (`experiments/configs/demo.py`: 8 rows of 128
+           tokens, responses up to 64): 8 sequences of 64 prompt + 64 response tokens;
+  compute  a compute-bound Qwen3 (hidden 256, 4 layers, 4/2 heads, head_dim 64, vocab 4096, untied)
+           on 4 sequences of 32 prompt + 224 response tokens.
 
-  .venv/bin/python -m experiments.benchmarks.train_step_vs_torch
+The headline is the demo config, the model this project trains on this machine; the compute-bound
+ratio is printed beside it (see docs/trainer.md for its profile).
 
-The last line is the headline: `train_step_speedup_vs_torch: <ours tokens/s / torch tokens/s>`.
+For each config both sides run the same random checkpoint (written by our saver, read by our loader
+and by transformers), the same batch (full rows, one sequence per row, so packing and padding play
+no part and PyTorch needs none), the same loss (token-mean PPO clipped surrogate against behaviour
+log-probs, GRPO advantages), the same AdamW update with global-norm clipping, float32, on the same
+CPU cores with the same thread count; the first-step losses are printed and must agree. The PyTorch
+step is written the efficient way: the LM head is applied to response positions only, HF's SDPA
+attention, `zero_grad(set_to_none=True)`, and `OMP_WAIT_POLICY=PASSIVE` (with spinning OpenMP
+workers on a machine shared with other processes, every small PyTorch op is ~50x slower, which would
+make the comparison meaningless in our favour). Compilation (ours) and a first step (torch) are
+warmed up outside the timings. Timed samples alternate between the four (side, config) pairs, in a
+reversed order every other round, so load from other processes hits all alike; medians are reported.
+
+Also reported: the model FLOPs of one step (6 * matmul params * tokens + attention, the LM head on
+response tokens only) as achieved FLOP/s and as a fraction of a measured float32 matmul peak of this
+machine (the best rate of large jitted `jnp.dot`s).
+
+  .venv/bin/python -m experiments.benchmarks.train_step_vs_torch            # --threads 2
+
+The last line is the headline: `train_step_speedup_vs_torch: <ours / torch tokens/s, demo config>`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -31,53 +46,84 @@ import time
 import numpy as np
 
 
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+  name: str
+  hidden: int
+  intermediate: int
+  layers: int
+  heads: int
+  kv_heads: int
+  head_dim: int
+  vocab: int
+  tied: bool
+  batch: int  # sequences per step, one per row
+  seq: int  # tokens per sequence (prompt + response)
+  prompt: int
+  steps_per_sample: int  # steps timed back to back per sample (short steps need several)
+
+
+def demo_config() -> BenchConfig:
+  """The CPU demo's model and micro-batch shape, read from the demo's own definitions."""
+  from experiments.configs.demo import get_config
+  from experiments.warmstart import demo_model_config
+  model = demo_model_config(vocab_size=96)  # the char tokenizer's vocabulary, as warmstart uses
+  batch = get_config().train.batch
+  return BenchConfig(name="demo", hidden=model.hidden_size, intermediate=model.intermediate_size,
+                     layers=model.num_layers, heads=model.num_heads, kv_heads=model.num_kv_heads,
+                     head_dim=model.head_dim, vocab=model.vocab_size,
+                     tied=model.tie_word_embeddings, batch=batch.rows, seq=batch.row_length,
+                     prompt=batch.row_length - batch.max_response_length, steps_per_sample=8)
+
+
+COMPUTE = BenchConfig(name="compute", hidden=256, intermediate=768, layers=4, heads=4, kv_heads=2,
+                      head_dim=64, vocab=4096, tied=False, batch=4, seq=256, prompt=32,
+                      steps_per_sample=1)
+
+
 def parse_args() -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--hidden", type=int, default=256)
-  p.add_argument("--layers", type=int, default=4)
-  p.add_argument("--vocab", type=int, default=4096)
-  p.add_argument("--batch", type=int, default=4, help="sequences per step")
-  p.add_argument("--seq", type=int, default=256, help="tokens per sequence (prompt + response)")
-  p.add_argument("--prompt", type=int, default=32)
-  p.add_argument("--steps", type=int, default=6, help="timed steps per side")
+  p.add_argument("--rounds", type=int, default=8, help="timed samples per side and config")
   p.add_argument("--threads", type=int, default=2, help="CPU cores and threads for both")
   p.add_argument("--seed", type=int, default=0)
   return p.parse_args()
 
 
-def write_checkpoint(path: str, args) -> None:
-  import torch
-  import transformers
-  torch.manual_seed(args.seed)
-  config = transformers.Qwen3Config(
-      vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
-      num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
-      head_dim=args.hidden // 4, max_position_embeddings=2048, tie_word_embeddings=False)
-  transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+def write_checkpoint(path: str, bench: BenchConfig, seed: int) -> None:
+  from flashrl_jax.model import Family, ModelConfig
+  from flashrl_jax.testing import write_tiny_checkpoint
+  config = ModelConfig(
+      family=Family.QWEN3, vocab_size=bench.vocab, hidden_size=bench.hidden,
+      intermediate_size=bench.intermediate, num_layers=bench.layers, num_heads=bench.heads,
+      num_kv_heads=bench.kv_heads, head_dim=bench.head_dim, rope_theta=10000.0,
+      max_position_embeddings=max(512, bench.seq), tie_word_embeddings=bench.tied,
+      bos_token_id=1, eos_token_ids=(2,))
+  write_tiny_checkpoint(path, config, seed=seed, with_tokenizer=False)
 
 
-def make_batch(args, rng):
+def make_batch(bench: BenchConfig, rng):
   from flashrl_jax.trainer import Trajectory
-  r = args.seq - args.prompt
-  return [Trajectory(sample_id=i, prompt_ids=rng.integers(0, args.vocab, args.prompt),
-                     response_ids=rng.integers(0, args.vocab, r),
-                     behavior_logp=-rng.uniform(5.0, 12.0, r).astype(np.float32),
-                     reward=float(i % 2), group_id=i // 2) for i in range(args.batch)]
+  r = bench.seq - bench.prompt
+  return [Trajectory(sample_id=i, prompt_ids=rng.integers(0, bench.vocab, bench.prompt),
+                     response_ids=rng.integers(0, bench.vocab, r),
+                     behavior_logp=-rng.uniform(1.0, 6.0, r).astype(np.float32),
+                     reward=float(i % 2), group_id=i // 2) for i in range(bench.batch)]
 
 
 # --- ours --------------------------------------------------------------------------------------
 
-def jax_side(path, args, trajectories):
+def jax_side(path, bench: BenchConfig, trajectories):
   import jax
   from flashrl_jax.losses import LossConfig
   from flashrl_jax.model import read_config
   from flashrl_jax.trainer import (BatchConfig, OptimizerConfig, TrainConfig, Trainer, make_mesh,
                                    tree_to_global)
+  response = bench.seq - bench.prompt
   config = TrainConfig(
       loss=LossConfig(name="ppo"), optimizer=OptimizerConfig(learning_rate=1e-5),
-      batch=BatchConfig(row_length=args.seq, rows=args.batch, sequences_per_row=1,
-                        max_response_length=args.seq - args.prompt),
-      logprob_chunk_size=args.seq)
+      batch=BatchConfig(row_length=bench.seq, rows=bench.batch, sequences_per_row=1,
+                        max_response_length=response),
+      logprob_chunk_size=response)  # one chunk: these responses are short
   trainer = Trainer(read_config(path), config, make_mesh("", jax.devices()[:1]), init_params=path)
   batch = tree_to_global(trainer.pack(trajectories), trainer.batch_shardings)
 
@@ -89,7 +135,7 @@ def jax_side(path, args, trajectories):
 
 # --- PyTorch -----------------------------------------------------------------------------------
 
-def torch_side(path, args, trajectories):
+def torch_side(path, bench: BenchConfig, trajectories):
   import torch
   import transformers
   model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -101,7 +147,7 @@ def torch_side(path, args, trajectories):
   behavior = torch.as_tensor(np.stack([t.behavior_logp for t in trajectories]))
   rewards = torch.as_tensor([t.reward for t in trajectories])
   groups = torch.as_tensor([t.group_id for t in trajectories])
-  p = args.prompt
+  p = bench.prompt
 
   def step():
     # GRPO advantages: (r - mean_g) / (std_g + eps), unbiased std, as ours.
@@ -127,31 +173,37 @@ def torch_side(path, args, trajectories):
 
 # --- FLOPs -------------------------------------------------------------------------------------
 
-def step_flops(args) -> float:
-  d, f, layers, v = args.hidden, 3 * args.hidden, args.layers, args.vocab
-  heads, kv, hd = 4, 2, args.hidden // 4
+def step_flops(bench: BenchConfig) -> float:
+  d, f, hd = bench.hidden, bench.intermediate, bench.head_dim
+  heads, kv = bench.heads, bench.kv_heads
   per_layer = d * hd * (heads + 2 * kv) + heads * hd * d + 3 * d * f  # q k v o + SwiGLU
-  tokens = args.batch * args.seq
-  response = args.batch * (args.seq - args.prompt)
-  dense = 6 * (layers * per_layer * tokens + d * v * response)  # fwd 2, bwd 4 per MAC
-  attention = 6 * 2 * layers * args.batch * args.seq ** 2 * heads * hd  # QK^T and PV
+  tokens = bench.batch * bench.seq
+  response = bench.batch * (bench.seq - bench.prompt)
+  dense = 6 * (bench.layers * per_layer * tokens + d * bench.vocab * response)  # fwd 2, bwd 4
+  attention = 6 * 2 * bench.layers * bench.batch * bench.seq ** 2 * heads * hd  # QK^T and PV
   return float(dense + attention)
 
 
-def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
+def matmul_peak(sizes=(1024, 2048), repeats: int = 10) -> float:
+  """The best float32 FLOP/s of jitted square matmuls (a short one often runs in a quiet moment)."""
   import jax
   import jax.numpy as jnp
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  f = jax.jit(lambda x, y: x @ y)
-  f(a, a).block_until_ready()
-  best = min(_timed(lambda: f(a, a).block_until_ready()) for _ in range(repeats))
-  return 2 * n ** 3 / best
+  best = 0.0
+  for n in sizes:
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    f = jax.jit(lambda x, y: x @ y)
+    f(a, a).block_until_ready()
+    fastest = min(_timed(lambda: f(a, a).block_until_ready()) for _ in range(repeats))
+    best = max(best, 2 * n ** 3 / fastest)
+  return best
 
 
-def _timed(fn) -> float:
+def _timed(fn, n: int = 1) -> float:
+  """Seconds per call of `fn`, over `n` calls back to back."""
   start = time.perf_counter()
-  fn()
-  return time.perf_counter() - start
+  for _ in range(n):
+    fn()
+  return (time.perf_counter() - start) / n
 
 
 def main():
@@ -165,37 +217,48 @@ def main():
   os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
   import torch
   torch.set_num_threads(args.threads)
-  rng = np.random.default_rng(args.seed)
-  trajectories = make_batch(args, rng)
-  with tempfile.TemporaryDirectory() as path:
-    write_checkpoint(path, args)
-    ours, theirs = jax_side(path, args, trajectories), torch_side(path, args, trajectories)
-    t0 = time.perf_counter()
-    loss_ours = ours()
-    compile_s = time.perf_counter() - t0
-    loss_theirs = theirs()
-    print(f"first-step loss: ours {loss_ours:.6f}  torch {loss_theirs:.6f}  "
-          f"(same weights and batch; compile {compile_s:.1f}s)")
-    times = {"ours": [], "torch": []}
-    for _ in range(args.steps):
-      times["ours"].append(_timed(ours))
-      times["torch"].append(_timed(theirs))
-  tokens = args.batch * args.seq
-  flops = step_flops(args)
+  benches = [demo_config(), COMPUTE]
+  steps = {}
+  with tempfile.TemporaryDirectory() as root:
+    for bench in benches:
+      path = os.path.join(root, bench.name)
+      write_checkpoint(path, bench, args.seed)
+      trajectories = make_batch(bench, np.random.default_rng(args.seed))
+      ours, theirs = jax_side(path, bench, trajectories), torch_side(path, bench, trajectories)
+      t0 = time.perf_counter()
+      loss_ours = ours()
+      compile_s = time.perf_counter() - t0
+      loss_theirs = theirs()
+      print(f"[{bench.name}] first-step loss: ours {loss_ours:.6f}  torch {loss_theirs:.6f}  "
+            f"(same weights and batch; compile {compile_s:.1f}s)", flush=True)
+      steps[(bench.name, "ours")], steps[(bench.name, "torch")] = ours, theirs
+  by_name = {b.name: b for b in benches}
+  times = {key: [] for key in steps}
+  for r in range(args.rounds):
+    for key in (list(steps) if r % 2 == 0 else list(steps)[::-1]):
+      times[key].append(_timed(steps[key], by_name[key[0]].steps_per_sample))
   peak = matmul_peak()
-  print(f"config: hidden {args.hidden}, layers {args.layers}, vocab {args.vocab}, "
-        f"batch {args.batch} x {args.seq} tokens, threads {args.threads}")
-  print(f"step FLOPs: {flops / 1e9:.2f} GFLOP; float32 matmul peak: {peak / 1e9:.1f} GFLOP/s")
-  rates = {}
-  for side, ts in times.items():
-    median = statistics.median(ts)
-    rates[side] = tokens / median
-    print(f"{side:>5}: median step {median * 1e3:8.1f} ms  (min {min(ts) * 1e3:.1f})  "
-          f"{rates[side]:8.0f} tokens/s  {flops / median / 1e9:6.1f} GFLOP/s  "
-          f"{flops / median / peak:5.1%} of peak")
-  best = min(times["torch"]) / min(times["ours"])
-  print(f"speedup of the fastest steps (less sensitive to load from other processes): {best:.2f}")
-  print(f"train_step_speedup_vs_torch: {rates['ours'] / rates['torch']:.2f}")
+  print(f"threads {args.threads}; float32 matmul peak: {peak / 1e9:.1f} GFLOP/s; "
+        f"{args.rounds} interleaved samples per side and config; load {os.getloadavg()[0]:.1f}")
+  speedups = {}
+  for bench in benches:
+    tokens, flops = bench.batch * bench.seq, step_flops(bench)
+    print(f"[{bench.name}] hidden {bench.hidden}, layers {bench.layers}, vocab {bench.vocab}"
+          f"{' (tied)' if bench.tied else ''}, {bench.batch} x {bench.seq} tokens "
+          f"({bench.prompt} prompt); step {flops / 1e9:.2f} GFLOP")
+    rates = {}
+    for side in ("ours", "torch"):
+      ts = times[(bench.name, side)]
+      median = statistics.median(ts)
+      rates[side] = tokens / median
+      print(f"  {side:>5}: median step {median * 1e3:8.2f} ms  (min {min(ts) * 1e3:.2f})  "
+            f"{rates[side]:8.0f} tokens/s  {flops / median / 1e9:6.1f} GFLOP/s  "
+            f"{flops / median / peak:5.1%} of peak")
+    best = min(times[(bench.name, "torch")]) / min(times[(bench.name, "ours")])
+    speedups[bench.name] = rates["ours"] / rates["torch"]
+    print(f"  speedup: {speedups[bench.name]:.2f} (medians), {best:.2f} (fastest steps)")
+  print(f"train_step_speedup_vs_torch_compute_bound: {speedups['compute']:.2f}")
+  print(f"train_step_speedup_vs_torch: {speedups['demo']:.2f}")
 
 
 if __name__ == "__main__":
