@@ -83,7 +83,7 @@ COMPUTE = BenchConfig(name="compute", hidden=256, intermediate=768, layers=4, he
 
 def parse_args() -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--rounds", type=int, default=8, help="timed samples per side and config")
+  p.add_argument("--rounds", type=int, default=12, help="timed samples per side and config")
   p.add_argument("--threads", type=int, default=2, help="CPU cores and threads for both")
   p.add_argument("--seed", type=int, default=0)
   return p.parse_args()
