@@ -11,6 +11,7 @@ metrics of steps after the checkpoint are rolled back so nothing is counted twic
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import enum
 import json
@@ -153,15 +154,21 @@ def run(config: RunConfig, *, on_step: Callable[[dict], None] | None = None) -> 
   else:
     urls = list(config.rollout.sglang_urls)
   try:
+    controller_cores = None
     if config.resources.platform == "cpu":
       os.sched_setaffinity(0, train_cores)  # before JAX starts its thread pool
+      if config.mode is Mode.ASYNC:
+        controller_cores = rollout_cores
     else:  # before JAX initialises its backend: the trainer sees only its own accelerators
       first = config.resources.rollout_devices if config.mode is Mode.ASYNC else 0
       visible = ",".join(str(i) for i in range(first, first + config.resources.train_devices))
       variable = "CUDA_VISIBLE_DEVICES" if config.resources.platform == "gpu" else "TPU_VISIBLE_CHIPS"
       os.environ[variable] = visible
-    return _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step, servers)
+    return _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step, servers,
+                             controller_cores=controller_cores)
   finally:
+    if config.resources.platform == "cpu":
+      os.sched_setaffinity(0, cores)
     if servers is not None:
       servers.stop()
       if os.path.exists(pid_file):
@@ -169,7 +176,12 @@ def run(config: RunConfig, *, on_step: Callable[[dict], None] | None = None) -> 
 
 
 def _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step,
-                      servers: LocalServers | None = None) -> RunSummary:
+                      servers: LocalServers | None = None,
+                      controller_cores: list[int] | None = None) -> RunSummary:
+  """`controller_cores`: CPU async only. The event loop (client streaming, dispatch, scoring
+  callbacks) then runs on these (the rollout side's) cores, and every `asyncio.to_thread` call
+  (training, export, evaluation) on this process's own cores, so the trainer's core is not shared
+  with the controller; JAX's thread pool, started before the split, stays on the trainer's cores."""
   mesh = make_mesh(MeshConfig.parse(config.mesh))
   trainer = Trainer(model_config, config.train, mesh, seed=config.seed,
                     init_params=config.model_path)
@@ -217,6 +229,11 @@ def _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step,
 
   async def main() -> None:
     nonlocal ctx
+    if controller_cores is not None:
+      train_cores = sorted(os.sched_getaffinity(0))
+      asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(
+          thread_name_prefix="trainer", initializer=os.sched_setaffinity, initargs=(0, train_cores)))
+      os.sched_setaffinity(0, controller_cores)  # this thread only (Linux affinity is per thread)
     async with RolloutClient(urls, request_timeout_s=r.request_timeout_s,
                              max_retries=r.max_retries, vocab_size=model_config.vocab_size) as client:
       await client.wait_healthy(timeout_s=300)
