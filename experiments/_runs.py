@@ -253,5 +253,15 @@ def run_all(specs: list[RunSpec], out_dir: str, **kwargs) -> list[RunResult]:
   return [launch(spec, out_dir, **kwargs) for spec in specs]
 
 
+def run_or_print(specs: list[RunSpec], out_dir: str, *, dry_run: bool, **kwargs
+                 ) -> list[RunResult] | None:
+  """An experiment's `--dry_run` edge: prints each run's command (returns None), or runs them all."""
+  if dry_run:
+    for spec in specs:
+      print(f"{spec.name}: {spec.command()}")
+    return None
+  return run_all(specs, out_dir, **kwargs)
+
+
 if __name__ == "__main__":
   _child(sys.argv[1])

@@ -89,11 +89,10 @@ def main(argv):
   del argv
   specs = make_specs(_LOSSES.value, _MODES.value, _SEEDS.value, _STEPS.value, _CONFIG.value,
                      _LR.value)
-  if _DRY_RUN.value:
-    for spec in specs:
-      print(f"{spec.name}: {spec.command()}")
+  results = _runs.run_or_print(specs, _OUT.value, dry_run=_DRY_RUN.value, timeout_s=_TIMEOUT.value,
+                               rerun=_RERUN.value)
+  if results is None:
     return
-  results = _runs.run_all(specs, _OUT.value, timeout_s=_TIMEOUT.value, rerun=_RERUN.value)
   rows = _summary.cell_rows(results, threshold=_THRESHOLD.value)
   table = _summary.write_table(rows, COLUMNS, _OUT.value, "summary",
                                {"threshold": _THRESHOLD.value, "steps": _STEPS.value,

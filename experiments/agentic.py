@@ -97,14 +97,13 @@ def main(argv):
   del argv
   specs = make_specs(_STEPS.value, _SEEDS.value, _REDUNDANT.value, _SLOW.value, _STOP.value,
                      _CONFIG.value)
-  if _DRY_RUN.value:
-    for spec in specs:
-      print(f"{spec.name}: {spec.command()}")
+  results = _runs.run_or_print(specs, _OUT.value, dry_run=_DRY_RUN.value, timeout_s=_TIMEOUT.value,
+                               rerun=_RERUN.value)
+  if results is None:
     return
-  results = _runs.run_all(specs, _OUT.value, timeout_s=_TIMEOUT.value, rerun=_RERUN.value)
   rows = []
   for variant in VARIANTS:
-    runs = [r for r in results if r.spec.name.rsplit("_", 1)[0] == variant and r.records]
+    runs = [r for r in results if _summary.cell_of(r.spec.name) == variant and r.records]
     if runs:
       row = {"variant": variant,
              **_summary.mean_over_seeds([_summary.summarize(r, threshold=1.0) for r in runs])}

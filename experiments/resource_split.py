@@ -80,7 +80,7 @@ COLUMNS = [("run", "run"), ("rollout_devices", "rollout cores"), ("train_devices
 
 
 def row_for(results, name: str, threshold: float = 0.6) -> dict:
-  runs = [r for r in results if r.spec.name.rsplit("_", 1)[0] == name]
+  runs = [r for r in results if _summary.cell_of(r.spec.name) == name]
   o = runs[0].spec.overrides
   cores = runs[0].info.get("cores")
   row = {"run": name,
@@ -97,12 +97,11 @@ def main(argv):
   total = _TOTAL.value or len(os.sched_getaffinity(0))
   specs = make_specs(total, _PER_DEVICE.value, _ALPHA.value, _PROXY.value, _SERVERS.value,
                      _SLOTS.value, _SEEDS.value, _STEPS.value, _CONFIG.value)
-  if _DRY_RUN.value:
-    for spec in specs:
-      print(f"{spec.name}: {spec.command()}")
+  results = _runs.run_or_print(specs, _OUT.value, dry_run=_DRY_RUN.value, timeout_s=_TIMEOUT.value,
+                               rerun=_RERUN.value)
+  if results is None:
     return
-  results = _runs.run_all(specs, _OUT.value, timeout_s=_TIMEOUT.value, rerun=_RERUN.value)
-  names = list(dict.fromkeys(s.name.rsplit("_", 1)[0] for s in specs))
+  names = list(dict.fromkeys(_summary.cell_of(s.name) for s in specs))
   rows = [row_for(results, name) for name in names]
   rows = [r for r in rows if r["seeds"]]
   table = _summary.write_table(rows, COLUMNS, _OUT.value, "summary",

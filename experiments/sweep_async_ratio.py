@@ -66,11 +66,10 @@ COLUMNS = [("mode", "mode"), ("alpha", "α"), ("seeds", "seeds"),
 def main(argv):
   del argv
   specs = make_specs(_RATIOS.value, _SYNC.value, _SEEDS.value, _STEPS.value, _CONFIG.value)
-  if _DRY_RUN.value:
-    for spec in specs:
-      print(f"{spec.name}: {spec.command()}")
+  results = _runs.run_or_print(specs, _OUT.value, dry_run=_DRY_RUN.value, timeout_s=_TIMEOUT.value,
+                               rerun=_RERUN.value)
+  if results is None:
     return
-  results = _runs.run_all(specs, _OUT.value, timeout_s=_TIMEOUT.value, rerun=_RERUN.value)
   rows = _summary.cell_rows(results, threshold=_THRESHOLD.value)
   _summary.add_speedups(rows)
   sims, fitted, scale = (_simcheck.check_runs(results, _OUT.value) if _VALIDATE.value

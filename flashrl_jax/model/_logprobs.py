@@ -58,11 +58,12 @@ def _scaled_logits(h: jax.Array, w: jax.Array, temperature: float) -> jax.Array:
 def _chunk_forward(temperature, w, h, y):
   """(logp, entropy, lse) `[B, C]` of one chunk, from one pass over its logits."""
   z = _scaled_logits(h, w, temperature)
-  shifted = z - z.max(axis=-1, keepdims=True)  # <= 0: exp cannot overflow
+  z_max = z.max(axis=-1, keepdims=True)
+  shifted = z - z_max  # <= 0: exp cannot overflow
   e = jnp.exp(shifted)
   total = e.sum(axis=-1)
   log_total = jnp.log(total)
-  lse = z.max(axis=-1) + log_total
+  lse = z_max[..., 0] + log_total
   target = jnp.take_along_axis(z, y[..., None], axis=-1)[..., 0]
   # H = lse - sum_v p z = log(total) - sum_v p (z - max): relative to the max, no cancellation.
   entropy = log_total - (e * shifted).sum(axis=-1) / total

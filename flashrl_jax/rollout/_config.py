@@ -37,7 +37,8 @@ class EngineConfig:
 
   def __post_init__(self):
     if min(self.max_running_requests, self.max_prefill_batch, self.tp, self.min_decode_batch) < 1:
-      raise ValueError(f"max_running_requests, max_prefill_batch and tp must be >= 1: {self}")
+      raise ValueError("max_running_requests, max_prefill_batch, tp and min_decode_batch must be "
+                       f">= 1: {self}")
     if self.context_length is not None and self.context_length < 2:
       raise ValueError(f"context_length must be >= 2, got {self.context_length}.")
 

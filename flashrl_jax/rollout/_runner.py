@@ -22,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from flashrl_jax.model import Decoder, ModelConfig, load_hf_state, no_shard, read_config
 from flashrl_jax.rollout._sampling import RowSampling, Sampling, sample
-from flashrl_jax.rollout._slot_cache import SlotCache
+from flashrl_jax.rollout._slot_cache import SlotCache, write_prefix
 
 # Rollout is tensor-parallel only: whole weight copies per replica, split over `tensor`.
 ROLLOUT_RULES: dict[str, str | None] = {
@@ -247,9 +247,9 @@ class Runner:
     new_tokens = jnp.where(active, new_tokens, tokens)
     new_steps = steps + num_new
     if size < self.num_slots:  # write the prefix back (in place: the state is donated)
-      put = lambda full, part: jax.lax.dynamic_update_slice(full, part, (0,) * full.ndim)
-      state = SlotState(cache=state.cache.with_prefix(cache), tokens=put(state.tokens, new_tokens),
-                        steps=put(state.steps, new_steps))
+      state = SlotState(cache=state.cache.with_prefix(cache),
+                        tokens=write_prefix(state.tokens, new_tokens),
+                        steps=write_prefix(state.steps, new_steps))
     else:
       state = SlotState(cache=cache, tokens=new_tokens, steps=new_steps)
     return self._constrain(state), new_tokens, logprobs

@@ -115,9 +115,9 @@ class SlotCache:
 
   def with_prefix(self, part: "SlotCache") -> "SlotCache":
     """This cache with its first rows replaced by `part` (in place on a donated buffer)."""
-    put = lambda full, rows: jax.lax.dynamic_update_slice(full, rows, (0,) * full.ndim)
-    return SlotCache(ks=tuple(map(put, self.ks, part.ks)), vs=tuple(map(put, self.vs, part.vs)),
-                     lengths=put(self.lengths, part.lengths))
+    return SlotCache(ks=tuple(map(write_prefix, self.ks, part.ks)),
+                     vs=tuple(map(write_prefix, self.vs, part.vs)),
+                     lengths=write_prefix(self.lengths, part.lengths))
 
   def move_row(self, src: jax.Array, dst: jax.Array) -> "SlotCache":
     """Copies row `src` (its KV and length) to row `dst`."""
@@ -126,3 +126,8 @@ class SlotCache:
       return jax.lax.dynamic_update_slice_in_dim(buf, row, dst, axis=0)
     return SlotCache(ks=tuple(map(move, self.ks)), vs=tuple(map(move, self.vs)),
                      lengths=move(self.lengths))
+
+
+def write_prefix(full: jax.Array, part: jax.Array) -> jax.Array:
+  """`full` with its first `len(part)` rows replaced by `part` (in place on a donated buffer)."""
+  return jax.lax.dynamic_update_slice(full, part, (0,) * full.ndim)
