@@ -48,7 +48,7 @@ class ServerHandle:
     self.client = client
 
   async def generate(self, prompt, length: int) -> int:
-    from flashrl_jax.rollout._protocol import SamplingParams
+    from flashrl_jax.fleet import SamplingParams
     params = SamplingParams(max_new_tokens=length, ignore_eos=True, temperature=1.0)
     return len((await self.client.generate(prompt, params)).output_ids)
 
@@ -57,7 +57,7 @@ async def measure(urls, cases, repeats: int) -> list[dict]:
   from experiments.configs.demo import demo_task
   from flashrl_jax import envs
   from flashrl_jax.model import load_tokenizer
-  from flashrl_jax.rollout._client import RolloutClient
+  from flashrl_jax.fleet import RolloutClient
   tokenizer = load_tokenizer(_MODEL.value)
   prompts = [tokenizer.encode(s.prompt) for s in envs.generate_synthetic(demo_task(), 256, seed=7)]
   clients = [RolloutClient([u], request_timeout_s=600) for u in urls]
@@ -124,7 +124,7 @@ def main(argv):
     for case in cases:
       print(case)
     return
-  from flashrl_jax.rollout._local import LocalServers, split_cpus
+  from flashrl_jax.fleet import LocalServers, split_cpus
   os.makedirs(_OUT.value, exist_ok=True)
   cores = sorted(os.sched_getaffinity(0))
   cpu_sets = (split_cpus(_SERVERS.value, cores) if _SERVERS.value <= len(cores)

@@ -21,4 +21,4 @@ args=(--num_servers="$K" --model_path="$MODEL_PATH" --accelerator="${ACCEL:-cpu}
 [ -n "${3:-}" ] && args+=(--base_port="$3")
 [ -n "${LOG_DIR:-}" ] && args+=(--server_log_dir="$LOG_DIR")
 # shellcheck disable=SC2086  # SERVER_ARGS is a list of flags
-exec .venv/bin/python -m flashrl_jax.rollout._local "${args[@]}" -- ${SERVER_ARGS:-}
+exec .venv/bin/python -m flashrl_jax.fleet._local "${args[@]}" -- ${SERVER_ARGS:-}

@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 
-from flashrl_jax.rollout import _protocol as proto
+from flashrl_jax.fleet import _protocol as proto
 
 GOLDEN_DIR = pathlib.Path(__file__).parent / "golden"
 _AS_GOLDEN = object()  # "send the golden's own request"

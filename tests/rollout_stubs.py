@@ -7,11 +7,11 @@ import json
 import sys
 import urllib.request
 
-from flashrl_jax.rollout import _stub
-from flashrl_jax.rollout._local import LocalServers
-from flashrl_jax.rollout._stub import stub_logprob, stub_next_token
+from flashrl_jax.testing import _stub
+from flashrl_jax.fleet import LocalServers
+from flashrl_jax.testing._stub import stub_logprob, stub_next_token
 
-# Run as a script: `python -m flashrl_jax.rollout._stub` works too but imports JAX via the package.
+# Run as a script: `python -m flashrl_jax.testing._stub` works too but imports JAX via the package.
 STUB_COMMAND = (sys.executable, _stub.__file__)
 VOCAB = 1000
 

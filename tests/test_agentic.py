@@ -19,10 +19,8 @@ from flashrl_jax.controller._agentic_episode import (AgenticStats, EpisodeDeps, 
                                                      env_factory)
 from flashrl_jax.controller._loops import to_trajectories
 from flashrl_jax.controller._source import PromptSource
-from flashrl_jax.controller._supervisor import Supervisor
+from flashrl_jax.fleet import PauseMode, RolloutClient, SamplingParams, Supervisor
 from flashrl_jax.model._tokenizer import char_tokenizer
-from flashrl_jax.rollout._client import RolloutClient
-from flashrl_jax.rollout._protocol import PauseMode, SamplingParams
 from flashrl_jax.trainer import BatchConfig, pack
 from tests.rollout_stubs import configure, start_stubs
 

@@ -11,9 +11,7 @@ import pytest
 
 from flashrl_jax.controller._handoff import export_current, publish_version
 from flashrl_jax.model import load_hf, token_logprobs
-from flashrl_jax.rollout._client import RolloutClient
-from flashrl_jax.rollout._local import LocalServers
-from flashrl_jax.rollout._protocol import PauseMode, SamplingParams
+from flashrl_jax.fleet import LocalServers, PauseMode, RolloutClient, SamplingParams
 from flashrl_jax.testing import tiny_config, write_tiny_checkpoint
 from flashrl_jax.trainer import (BatchConfig, MeshConfig, OptimizerConfig, TrainConfig, Trainer,
                                  make_mesh, random_trajectories)

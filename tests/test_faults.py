@@ -9,10 +9,9 @@ import json
 import os
 import urllib.request
 
-from flashrl_jax.controller._supervisor import (Supervisor, SupervisorConfig, reap_orphans,
-                                                record_pids)
-from flashrl_jax.rollout._client import RolloutClient
-from flashrl_jax.rollout._protocol import PauseMode, SamplingParams
+from flashrl_jax.fleet import (
+    PauseMode, RolloutClient, SamplingParams, Supervisor, SupervisorConfig, reap_orphans,
+    record_pids)
 from tests.rollout_stubs import VOCAB, configure, expected, start_stubs
 
 FAST = SupervisorConfig(poll_s=0.05, hang_failures=2, unhealthy_grace_s=5.0, rejoin_poll_s=0.1)

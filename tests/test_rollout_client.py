@@ -9,11 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flashrl_jax.rollout import _protocol as proto
-from flashrl_jax.rollout._client import GenerationResult, RequestRejected, RolloutClient
-from flashrl_jax.rollout._protocol import FinishKind, PauseMode, SamplingParams
-from flashrl_jax.rollout._servers import ServerOpError
-from flashrl_jax.rollout._local import free_port
+from flashrl_jax.fleet import _protocol as proto
+from flashrl_jax.fleet import (
+    FinishKind, GenerationResult, PauseMode, RequestRejected, RolloutClient, SamplingParams,
+    ServerOpError, free_port)
 from tests.rollout_stubs import VOCAB, configure, expected, run, start_stubs
 
 PROMPT = [5, 6, 7]

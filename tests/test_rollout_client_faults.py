@@ -12,9 +12,7 @@ import urllib.request
 
 import pytest
 
-from flashrl_jax.rollout._client import RolloutClient
-from flashrl_jax.rollout._local import LocalServers, split_cpus
-from flashrl_jax.rollout._protocol import FinishKind, SamplingParams
+from flashrl_jax.fleet import FinishKind, LocalServers, RolloutClient, SamplingParams, split_cpus
 from tests.rollout_stubs import STUB_COMMAND, VOCAB, configure, expected, run, start_stubs
 
 
@@ -111,7 +109,7 @@ def test_malformed_responses_rejected_logged_and_retried(mode, tmp_path, caplog)
         bad_stats = {s.url: s for s in stats.servers}[bad]
         assert bad_stats.healthy and bad_stats.num_malformed == stats.num_malformed
 
-    with caplog.at_level(logging.ERROR, logger="flashrl_jax.rollout._client"):
+    with caplog.at_level(logging.ERROR, logger="flashrl_jax.fleet._client"):
       run(main())
     assert any("malformed response from " + bad in m for m in caplog.messages)
 

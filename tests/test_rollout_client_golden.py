@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from flashrl_jax.rollout import _protocol as proto
+from flashrl_jax.fleet import _protocol as proto
 from tests import golden_contract as gc
 from tests import rollout_stubs
 
@@ -116,7 +116,7 @@ def test_stub_passes_golden_contract(tmp_path):
                     reason="the JAX rollout server is not there yet")
 def test_jax_server_passes_golden_contract(tmp_path):
   from flashrl_jax.testing._tiny import write_tiny_checkpoint
-  from flashrl_jax.rollout._local import LocalServers
+  from flashrl_jax.fleet import LocalServers
   model = tmp_path / "model"
   write_tiny_checkpoint(str(model))
   with LocalServers.start(str(model), 1, extra_args=["--max_running_requests=4"],

@@ -10,7 +10,7 @@ import subprocess
 import urllib.error
 import urllib.request
 
-from flashrl_jax.rollout._local import free_port
+from flashrl_jax.fleet import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,7 @@ def _status(url: str) -> int | None:
 
 def test_start_local_servers_script(tmp_path):
   port = free_port()
-  env = dict(os.environ, MODULE="flashrl_jax.rollout._stub", LOG_DIR=str(tmp_path),
+  env = dict(os.environ, MODULE="flashrl_jax.testing._stub", LOG_DIR=str(tmp_path),
              SERVER_ARGS="--vocab_size=50 --weight_version=w7")
   proc = subprocess.Popen(["bash", str(ROOT / "launch/start_local_servers.sh"), "1", "stub",
                            str(port)], env=env, stdout=subprocess.PIPE, text=True,

@@ -17,7 +17,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 from scipy import stats
 
-from flashrl_jax.rollout import Engine, EngineConfig, FinishKind, PauseMode, Sampling
+from flashrl_jax.fleet import FinishKind, PauseMode
+from flashrl_jax.rollout import Engine, EngineConfig, Sampling
 from flashrl_jax.rollout._sampling import RowSampling, sample
 from flashrl_jax.testing import write_tiny_checkpoint
 

@@ -41,12 +41,9 @@ from flashrl_jax.controller._agentic_episode import AgenticStats, EpisodeDeps, F
 from flashrl_jax.controller._loops import LoopContext, run_async
 from flashrl_jax.controller._metrics import MetricsLogger
 from flashrl_jax.controller._source import PromptSource
-from flashrl_jax.controller._supervisor import Supervisor
+from flashrl_jax.fleet import LocalServers, PauseMode, RolloutClient, SamplingParams, Supervisor
 from flashrl_jax.model._tokenizer import char_tokenizer
-from flashrl_jax.rollout import _stub
-from flashrl_jax.rollout._client import RolloutClient
-from flashrl_jax.rollout._local import LocalServers
-from flashrl_jax.rollout._protocol import PauseMode, SamplingParams
+from flashrl_jax.testing import _stub
 
 _STEPS = flags.DEFINE_integer("steps", 4, "Training steps per mode.")
 _BATCH = flags.DEFINE_integer("batch_size", 8, "Env groups per step (B).")

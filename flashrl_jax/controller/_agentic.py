@@ -35,8 +35,7 @@ from flashrl_jax.controller._config import Mode
 from flashrl_jax.controller._loops import LoopContext, _train_and_publish
 from flashrl_jax.controller._samples import Group, Response
 from flashrl_jax.controller._source import PromptSource
-from flashrl_jax.rollout._client import RequestRejected
-from flashrl_jax.rollout._protocol import SamplingParams
+from flashrl_jax.fleet import RequestRejected, SamplingParams
 
 log = logging.getLogger(__name__)
 

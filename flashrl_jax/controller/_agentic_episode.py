@@ -29,8 +29,7 @@ import numpy as np
 from flashrl_jax import envs
 from flashrl_jax.controller._agentic_config import ID_STRIDE, DropCause
 from flashrl_jax.controller._samples import Group, Response
-from flashrl_jax.rollout._client import GenerationError, RequestRejected, RolloutClient
-from flashrl_jax.rollout._protocol import SamplingParams
+from flashrl_jax.fleet import GenerationError, RequestRejected, RolloutClient, SamplingParams
 
 log = logging.getLogger(__name__)
 

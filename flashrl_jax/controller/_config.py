@@ -13,7 +13,7 @@ import os
 from flashrl_jax import envs
 from flashrl_jax._enums import parse_enum
 from flashrl_jax.controller._agentic_config import AgenticConfig
-from flashrl_jax.rollout._protocol import PauseMode
+from flashrl_jax.fleet import PauseMode
 from flashrl_jax.trainer import TrainConfig
 
 

@@ -14,8 +14,7 @@ from typing import Callable
 
 from flashrl_jax import envs
 from flashrl_jax.controller._samples import Group, Response
-from flashrl_jax.rollout._client import GenerationResult, RolloutClient
-from flashrl_jax.rollout._protocol import SamplingParams
+from flashrl_jax.fleet import GenerationResult, RolloutClient, SamplingParams
 
 
 def _version(v: str, fallback: int) -> int:

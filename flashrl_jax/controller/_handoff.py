@@ -14,8 +14,7 @@ import asyncio
 import os
 import time
 
-from flashrl_jax.rollout._client import RolloutClient
-from flashrl_jax.rollout._protocol import PauseMode
+from flashrl_jax.fleet import PauseMode, RolloutClient, Supervisor
 from flashrl_jax.trainer import Trainer
 from flashrl_jax.trainer._export import VersionStore, verify_version
 
@@ -47,3 +46,15 @@ async def publish_version(trainer: Trainer, store: VersionStore, client: Rollout
   store.gc(keep_last=keep_versions)
   return {"time/export_s": t1 - t0, "time/pause_s": t2 - t1, "time/load_s": t3 - t2,
           "time/resume_s": t4 - t3}
+
+
+async def publish(trainer: Trainer, store: VersionStore, supervisor: Supervisor,
+                  pause_mode: PauseMode, *, keep_versions: int) -> dict[str, float]:
+  """Exports the trainer's version, then hands it to the fleet through the supervisor (servers that
+  fail the handoff go to its recovery path); the run's weight publish."""
+  t0 = time.perf_counter()
+  path = await asyncio.to_thread(export_current, trainer, store)
+  times = {"time/export_s": time.perf_counter() - t0}
+  times.update(await supervisor.handoff(path, trainer.policy_version, pause_mode))
+  store.gc(keep_last=keep_versions)
+  return times

@@ -24,7 +24,7 @@ from flashrl_jax.controller._handoff import publish_version
 from flashrl_jax.controller._metrics import MetricsLogger, step_sample_metrics
 from flashrl_jax.controller._samples import Group
 from flashrl_jax.controller._source import PromptSource
-from flashrl_jax.rollout._client import RequestRejected, RolloutClient
+from flashrl_jax.fleet import RequestRejected, RolloutClient
 from flashrl_jax.trainer import Trainer, Trajectory
 
 log = logging.getLogger(__name__)

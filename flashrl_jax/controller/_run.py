@@ -27,16 +27,14 @@ from flashrl_jax.controller._agentic import make_env_runner, run_agentic_sync
 from flashrl_jax.controller._config import Mode, RolloutBackend, RunConfig
 from flashrl_jax.controller._group_runner import GroupRunner
 from flashrl_jax.controller._eval import expected_accuracy
-from flashrl_jax.controller._handoff import export_current
+from flashrl_jax.controller._handoff import export_current, publish
 from flashrl_jax.controller._loops import LoopContext, run_async, run_sync
 from flashrl_jax.controller._metrics import MetricsLogger, read_metrics
 from flashrl_jax.controller._source import PromptSource
-from flashrl_jax.controller._supervisor import Supervisor, reap_orphans, record_pids
+from flashrl_jax.fleet import (
+    LocalServers, RolloutClient, SamplingParams, Supervisor, reap_orphans, record_pids, split_cpus)
 from flashrl_jax.model import load_tokenizer, read_config
-from flashrl_jax.rollout import _stub
-from flashrl_jax.rollout._client import RolloutClient
-from flashrl_jax.rollout._local import LocalServers, split_cpus
-from flashrl_jax.rollout._protocol import SamplingParams
+from flashrl_jax.testing import _stub
 from flashrl_jax.trainer import MeshConfig, Trainer, abstract_train_state, make_mesh
 from flashrl_jax.trainer._checkpoint import CheckpointConfig, Checkpointer
 from flashrl_jax.trainer._export import VersionStore
@@ -260,8 +258,8 @@ def _run_with_servers(config, workdir, urls, tokenizer, model_config, on_step,
           client, servers=servers, counters=ctx.counters,
           current_version=lambda: (store.path(ctx.published_version), ctx.published_version),
           pid_file=os.path.join(workdir, "server_pids.json") if servers is not None else None)
-      ctx.publish = lambda: supervisor.publish(trainer, store, r.pause_mode,
-                                               keep_versions=config.keep_versions)
+      ctx.publish = lambda: publish(trainer, store, supervisor, r.pause_mode,
+                                      keep_versions=config.keep_versions)
       if config.mode is Mode.ASYNC:
         loop = run_async
       else:

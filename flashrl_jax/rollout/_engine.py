@@ -24,7 +24,7 @@ import numpy as np
 
 from flashrl_jax.model import load_tokenizer, read_config
 from flashrl_jax.rollout._config import EngineConfig, EngineStats
-from flashrl_jax.rollout._protocol import FinishKind, FinishReason, PauseMode
+from flashrl_jax.fleet import FinishKind, FinishReason, PauseMode
 from flashrl_jax.rollout._request import Output, Request, validate_request
 from flashrl_jax.rollout._runner import Runner, rollout_mesh
 from flashrl_jax.rollout._sampling import Sampling

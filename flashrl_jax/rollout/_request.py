@@ -15,7 +15,7 @@ import time
 from typing import Callable, Sequence
 
 # The protocol's value types are shared with the client, so both sides speak one vocabulary.
-from flashrl_jax.rollout._protocol import FinishKind, FinishReason, VersionSpan
+from flashrl_jax.fleet import FinishKind, FinishReason, VersionSpan
 from flashrl_jax.rollout._sampling import MAX_STOP_IDS, Sampling
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from flashrl_jax.rollout._engine import Engine
-from flashrl_jax.rollout._protocol import FinishKind, PauseMode
+from flashrl_jax.fleet import FinishKind, PauseMode
 from flashrl_jax.rollout._request import Output
 from flashrl_jax.rollout._runner import describe
 from flashrl_jax.rollout._sampling import Sampling

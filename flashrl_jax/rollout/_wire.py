@@ -12,7 +12,7 @@ import dataclasses
 import uuid
 from typing import Any, Callable, Sequence
 
-from flashrl_jax.rollout._protocol import FinishKind, FinishReason
+from flashrl_jax.fleet import FinishKind, FinishReason
 from flashrl_jax.rollout._request import Output
 from flashrl_jax.rollout._sampling import Sampling
 

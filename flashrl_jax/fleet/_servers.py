@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from flashrl_jax.rollout import _protocol as proto
+from flashrl_jax.fleet import _protocol as proto
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -20,9 +20,9 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
-from flashrl_jax.rollout import _protocol as proto
-from flashrl_jax.rollout._protocol import FinishKind, PauseMode, SamplingParams
-from flashrl_jax.rollout._servers import (AttemptFailed, Fault, Server, ServerPool, ServerStats,
+from flashrl_jax.fleet import _protocol as proto
+from flashrl_jax.fleet._protocol import FinishKind, PauseMode, SamplingParams
+from flashrl_jax.fleet._servers import (AttemptFailed, Fault, Server, ServerPool, ServerStats,
                                           json_parser)
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ same JSON shapes. It generates `token = (last + 1) % vocab_size` with log-prob `
 n, batches, streaming, the pause modes, weight versions and spans, `/v1/loads` and HTTP 400 errors.
 Flags (or `POST /_stub/configure` at run time) make it slow or misbehave (`Misbehave`):
 
-  python -m flashrl_jax.rollout._stub --port=N [--misbehave=non_json|die_after=3] [--latency_s=0.1]
+  python -m flashrl_jax.testing._stub --port=N [--misbehave=non_json|die_after=3] [--latency_s=0.1]
 
 It imports nothing from flashrl_jax, so tests start it as a script (`python .../_stub.py`), skipping
 the package's JAX import: fault tests start and kill many stubs, each in well under a second.

@@ -5,7 +5,7 @@ one never takes the controller down, and so that each gets disjoint CPU cores (`
 (`CUDA_VISIBLE_DEVICES`) or one TPU chip (`TPU_VISIBLE_CHIPS` with one-chip process bounds). Each
 process runs in its own process group, so `kill` (SIGKILL, for fault tests) and `stop` also reach
 its children; logs go to one file per server. The same launcher starts our JAX server
-(`flashrl_jax.rollout.server`) or the protocol stub (`flashrl_jax.rollout._stub`).
+(`flashrl_jax.rollout.server`) or the protocol stub (`flashrl_jax.testing._stub`).
 `launch/start_local_servers.sh` runs this module's `main`, which starts K servers, prints their URLs
 and stops them all on SIGINT/SIGTERM.
 """

@@ -33,11 +33,10 @@ import urllib.error
 import urllib.request
 from typing import Callable
 
-from flashrl_jax.controller._handoff import export_current
-from flashrl_jax.rollout._client import RolloutClient
-from flashrl_jax.rollout._local import LocalServers
-from flashrl_jax.rollout._protocol import PauseMode
-from flashrl_jax.rollout._servers import ServerOpError
+from flashrl_jax.fleet._client import RolloutClient
+from flashrl_jax.fleet._local import LocalServers
+from flashrl_jax.fleet._protocol import PauseMode
+from flashrl_jax.fleet._servers import ServerOpError
 
 log = logging.getLogger(__name__)
 
@@ -94,16 +93,6 @@ class Supervisor:
     return sorted(self._recovering)
 
   # --- weight publishes that tolerate failed servers ---------------------------------------------
-
-  async def publish(self, trainer, store, pause_mode: PauseMode, *,
-                    keep_versions: int) -> dict[str, float]:
-    """Exports the trainer's version, then `handoff`s it; the run's weight publish."""
-    t0 = time.perf_counter()
-    path = await asyncio.to_thread(export_current, trainer, store)
-    times = {"time/export_s": time.perf_counter() - t0}
-    times.update(await self.handoff(path, trainer.policy_version, pause_mode))
-    store.gc(keep_last=keep_versions)
-    return times
 
   async def handoff(self, path: str, version: int, pause_mode: PauseMode) -> dict[str, float]:
     """pause -> load -> continue on every server in the client; servers that fail go to recovery."""
