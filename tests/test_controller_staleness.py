@@ -7,7 +7,8 @@ import random
 from hypothesis import given, settings, strategies as st
 
 from flashrl_jax import envs
-from flashrl_jax.controller import Group, PromptSource, Response, SampleBuffer, StalenessBound
+from flashrl_jax.controller import Group, PromptSource, Response
+from flashrl_jax.scheduling import SampleBuffer, StalenessBound
 
 
 def _group(index: int, version: int) -> Group:

@@ -9,16 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flashrl_jax import sim
+from flashrl_jax.scheduling import LengthDistribution, PauseMode
 
 
 class CycleLengths:
-  """Test double for `LengthModel`: hands out `values` in order, cyclically (no randomness)."""
+  """Test double for `LengthDistribution`: hands out `values` in order, cyclically (no randomness)."""
 
-  def __init__(self, values, prompt_tokens: int = 0):
+  def __init__(self, values):
     self._values = itertools.cycle(values)
-    self.prompt_tokens = prompt_tokens
 
-  def sample(self, rng, prompt_z, group_size):
+  def sample_groups(self, rng, prompt_z, group_size):
     del rng
     return np.array([[next(self._values) for _ in range(group_size)] for _ in prompt_z])
 
@@ -26,7 +26,7 @@ class CycleLengths:
 def tiny(**changes) -> sim.SimConfig:
   base = sim.SimConfig(
       gpus=4, slots=4, batch_prompts=4, group_size=4, steps=4, warmup_steps=1,
-      lengths=sim.LengthModel.with_mean(200, sigma=1.0, max_len=2000, prompt_tokens=16),
+      lengths=LengthDistribution.with_mean(200, sigma=1.0, max_len=2000), prompt_tokens=16,
       cost=sim.CostModel(decode=sim.LinearDecode(0.01, 0.001), prefill_s_per_token=1e-4,
                          train=sim.TrainModel(0.5, 1e-4), sync=sim.SyncModel(0.1, 0.05, 0.2, 0.05),
                          reward_s=0.05, reward_workers=4))
@@ -49,7 +49,7 @@ def test_deterministic_given_seed():
 def test_sync_step_is_generation_plus_train_plus_sync(dispatch, generation_s):
   config = sim.SimConfig(
       gpus=2, slots=1, batch_prompts=2, group_size=2, steps=3, warmup_steps=0,
-      lengths=CycleLengths((100, 300, 200, 50)), dispatch=dispatch,
+      lengths=CycleLengths((100, 300, 200, 50)), prompt_tokens=0, dispatch=dispatch,
       cost=sim.CostModel(decode=sim.LinearDecode(0.01), train=sim.TrainModel(fixed_s=1.0),
                          sync=sim.SyncModel(export_s=0.2, load_s=0.3)))
   result = sim.simulate(config)
@@ -72,7 +72,7 @@ def test_async_alpha_zero_is_on_policy_and_never_overlaps():
 
 @settings(max_examples=12, deadline=None)
 @given(alpha=st.integers(0, 4), seed=st.integers(0, 2**16), train_gpus=st.integers(1, 3),
-       train_s=st.floats(0.0, 3.0), pause=st.sampled_from(list(sim.PauseMode)),
+       train_s=st.floats(0.0, 3.0), pause=st.sampled_from(list(PauseMode)),
        abort_hopeless=st.booleans())
 def test_staleness_bound_holds_for_every_consumed_sample(alpha, seed, train_gpus, train_s, pause,
                                                          abort_hopeless):
@@ -94,8 +94,7 @@ def test_async_outpaces_sync_on_long_tail():
 
 def test_prompt_replication_cuts_generation_time_on_skewed_groups():
   # Hard prompts make all 8 of their responses long; fewer groups than workers.
-  skewed = sim.LengthModel.with_mean(300, sigma=1.2, max_len=4000, prompt_corr=0.9,
-                                     prompt_tokens=16)
+  skewed = LengthDistribution.with_mean(300, sigma=1.2, max_len=4000, prompt_corr=0.9)
   cost = dataclasses.replace(tiny().cost, decode=sim.LinearDecode(0.01, 0.002))
   gen = {}
   for placement in (sim.GroupPlacement(), sim.PromptReplication()):
@@ -122,12 +121,13 @@ def test_async_throughput_is_monotone_in_rollout_workers():
   assert rates[-1] > 2 * rates[0]
 
 
-def test_abort_mode_pays_for_reprefill():
+@pytest.mark.parametrize("mode", [PauseMode.ABORT, PauseMode.RETRACT])
+def test_modes_that_drop_the_kv_cache_pay_for_reprefill(mode):
   base = tiny(training=sim.AsyncTraining(alpha=2, train_gpus=1),
               cost=dataclasses.replace(tiny().cost, prefill_s_per_token=2e-3))
-  in_place = sim.simulate(base, seed=0)
-  abort = sim.simulate(base.replace(pause=sim.PauseMode.ABORT), seed=0)
-  assert abort.samples_per_s < in_place.samples_per_s
+  in_place = sim.simulate(base.replace(pause=PauseMode.IN_PLACE), seed=0)
+  dropped = sim.simulate(base.replace(pause=mode), seed=0)
+  assert dropped.samples_per_s < in_place.samples_per_s
 
 
 def test_metrics_records_match_the_controller_format():
@@ -150,34 +150,6 @@ def test_metrics_records_match_the_controller_format():
 def test_bad_configs_fail_when_built(changes, error):
   with pytest.raises(error):
     tiny(**changes)
-
-
-def test_fit_lengths_recovers_lognormal_and_pareto_and_correlation():
-  rng = np.random.default_rng(0)
-  truth = sim.LengthModel(sim.LengthFamily.LOGNORMAL, loc=6.0, shape=0.8, max_len=10**7,
-                          prompt_corr=0.5)
-  lengths = truth.sample(rng, truth.prompt_factors(rng, 2000), 8)
-  fit = sim.fit_lengths(lengths, max_len=10**7)
-  assert fit.loc == pytest.approx(6.0, abs=0.05)
-  assert fit.shape == pytest.approx(0.8, rel=0.05)
-  assert fit.prompt_corr == pytest.approx(0.5, abs=0.06)
-  pareto = sim.LengthModel(sim.LengthFamily.PARETO, loc=100.0, shape=2.5, max_len=10**9)
-  samples = pareto.sample(rng, pareto.prompt_factors(rng, 20000), 1)
-  fit = sim.fit_lengths(samples.ravel(), sim.LengthFamily.PARETO)
-  assert fit.shape == pytest.approx(2.5, rel=0.06)
-
-
-@pytest.mark.parametrize("family, loc, shape", [("lognormal", None, 1.0), ("pareto", 500.0, 1.5)])
-def test_length_model_mean_matches_samples(family, loc, shape):
-  if family == "lognormal":
-    model = sim.LengthModel.with_mean(8192, sigma=shape, max_len=32768)
-    assert model.mean() == pytest.approx(8192, rel=1e-6)
-  else:
-    model = sim.LengthModel(family, loc=loc, shape=shape, max_len=32768)
-  rng = np.random.default_rng(1)
-  draws = model.sample(rng, model.prompt_factors(rng, 50000), 1)
-  assert draws.max() <= 32768
-  assert draws.mean() == pytest.approx(model.mean(), rel=0.02)
 
 
 def test_fit_linear_decode_and_roofline():

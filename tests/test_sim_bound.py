@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flashrl_jax import sim
+from flashrl_jax.scheduling import LengthDistribution
 from tests.test_sim import CycleLengths
 
 T_TOKEN = 0.01  # seconds per decode token (load-independent, so a sample's time is fixed)
@@ -74,10 +75,10 @@ def test_alpha_windows_amortise_the_tail(durations, alpha, workers):
 @settings(max_examples=10, deadline=None)
 @given(alpha=st.integers(0, 6), seed=st.integers(0, 2**16), workers=st.sampled_from([4, 12]))
 def test_simulated_async_step_time_within_amortised_bound(alpha, seed, workers):
-  lengths = sim.LengthModel.with_mean(100, sigma=1.2, max_len=2000, prompt_tokens=0)
+  lengths = LengthDistribution.with_mean(100, sigma=1.2, max_len=2000)
   config = sim.SimConfig(
       gpus=workers + 1, slots=1, batch_prompts=8, group_size=4, steps=16, warmup_steps=alpha + 2,
-      lengths=lengths, cost=sim.CostModel(decode=sim.LinearDecode(T_TOKEN)),
+      lengths=lengths, prompt_tokens=0, cost=sim.CostModel(decode=sim.LinearDecode(T_TOKEN)),
       training=sim.AsyncTraining(alpha=alpha, train_gpus=1))
   result = sim.simulate(config, seed=seed)
   bound = sim.amortised_bound(lengths.mean() * T_TOKEN, config.samples_per_step, workers,

@@ -14,6 +14,7 @@ import pytest
 
 from experiments.benchmarks import sim_vs_measured
 from flashrl_jax import sim
+from flashrl_jax.scheduling import LengthDistribution
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SYNC = sim.SyncModel(export_s=0.2, pause_s=0.05, load_s=0.3, resume_s=0.05)
@@ -24,7 +25,7 @@ def _measured_run(tmp_path, mode: str, with_lengths: bool):
               else sim.SyncTraining(train_gpus=1))
   truth = sim.SimConfig(
       gpus=3, slots=8, batch_prompts=8, group_size=4, steps=12, warmup_steps=1,
-      lengths=sim.LengthModel.with_mean(120, sigma=0.8, max_len=512, prompt_tokens=32),
+      lengths=LengthDistribution.with_mean(120, sigma=0.8, max_len=512), prompt_tokens=32,
       cost=sim.CostModel(decode=sim.LinearDecode(0.01, 0.002), train=sim.TrainModel(0.5, 2e-4),
                          sync=SYNC),
       training=training)

@@ -49,6 +49,7 @@ from absl import app, flags
 from scipy import special
 
 from flashrl_jax import sim
+from flashrl_jax.scheduling import LengthDistribution, LengthLaw, fit_lengths
 
 
 def load_metrics(path: str) -> list[dict]:
@@ -56,14 +57,12 @@ def load_metrics(path: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def lengths_from_metrics(records: list[dict], run: dict) -> sim.LengthModel:
+def lengths_from_metrics(records: list[dict], run: dict) -> LengthDistribution:
   """Fit the length law: from the logged lengths, else from per-step mean and max (lognormal)."""
-  prompt_tokens = int(run.get("prompt_tokens", 0))
   max_len = run.get("max_len")
   if all("response_lengths" in r for r in records):
     lengths = [x for r in records for x in r["response_lengths"]]
-    return sim.fit_lengths(np.maximum(lengths, 1), max_len=max_len or max(lengths),
-                           prompt_tokens=prompt_tokens)
+    return fit_lengths(np.maximum(lengths, 1), max_len=max_len or max(lengths))
   # Lognormal from moments: mean m = e^{μ+σ²/2}; the typical maximum of N draws is about
   # e^{μ+σ·z_N}, z_N = Φ⁻¹(1 − 1/(N+1)); so ln(max/m) = σ·z_N − σ²/2, solved for σ.
   mean = float(np.mean([r["response_length_mean"] for r in records]))
@@ -72,9 +71,8 @@ def lengths_from_metrics(records: list[dict], run: dict) -> sim.LengthModel:
   z = float(special.ndtri(1.0 - 1.0 / (n + 1.0)))
   gap = max(math.log(max(peak, mean) / mean), 1e-6)
   sigma = z - math.sqrt(max(z * z - 2.0 * gap, 0.0))
-  return sim.LengthModel(sim.LengthFamily.LOGNORMAL, loc=math.log(mean) - sigma**2 / 2,
-                         shape=max(sigma, 1e-3), max_len=int(max_len or 4 * peak),
-                         prompt_tokens=prompt_tokens)
+  return LengthDistribution(LengthLaw.LOGNORMAL, median=math.exp(math.log(mean) - sigma**2 / 2),
+                            sigma=max(sigma, 1e-3), max_len=int(max_len or 4 * peak))
 
 
 def train_from_metrics(records: list[dict], prompt_tokens: int, devices: int) -> sim.TrainModel:
@@ -109,10 +107,11 @@ def build_config(records: list[dict], calibration: dict) -> sim.SimConfig:
   warmup = int(calibration.get("warmup_steps", 1))
   measured = records[warmup:] or records
   lengths = lengths_from_metrics(measured, run)
+  prompt_tokens = int(run.get("prompt_tokens", 0))
   if "train" in calibration:
     train = sim.TrainModel(**calibration["train"])
   else:
-    train = train_from_metrics(measured, lengths.prompt_tokens, devices)
+    train = train_from_metrics(measured, prompt_tokens, devices)
   phases = ("export_s", "pause_s", "load_s", "resume_s")
   sync = calibration.get("sync") or {
       p: float(np.mean([r.get(f"time/{p}", 0.0) for r in measured])) for p in phases}
@@ -127,7 +126,8 @@ def build_config(records: list[dict], calibration: dict) -> sim.SimConfig:
   return sim.SimConfig(
       gpus=int(run["rollout_servers"]) + devices, slots=int(run["slots"]),
       batch_prompts=int(run["batch_size"]), group_size=int(run["group_size"]),
-      steps=max(len(records) - warmup, 1), warmup_steps=warmup, lengths=lengths, cost=cost,
+      steps=max(len(records) - warmup, 1), warmup_steps=warmup, lengths=lengths,
+      prompt_tokens=prompt_tokens, cost=cost,
       training=training,
       dispatch=sim.QueueScheduling() if run.get("queue_scheduling", True) else sim.BatchRollout(),
       placement=(sim.PromptReplication() if run.get("prompt_replication", True)

@@ -17,7 +17,6 @@ from typing import Any, Awaitable, Callable
 
 import numpy as np
 
-from flashrl_jax.controller._buffer import SampleBuffer, StalenessBound
 from flashrl_jax.controller._config import RunConfig
 from flashrl_jax.controller._group_runner import GroupRunner
 from flashrl_jax.controller._handoff import publish_version
@@ -25,6 +24,7 @@ from flashrl_jax.controller._metrics import MetricsLogger, step_sample_metrics
 from flashrl_jax.controller._samples import Group
 from flashrl_jax.controller._source import PromptSource
 from flashrl_jax.fleet import RequestRejected, RolloutClient
+from flashrl_jax.scheduling import SampleBuffer, StalenessBound
 from flashrl_jax.trainer import Trainer, Trajectory
 
 log = logging.getLogger(__name__)

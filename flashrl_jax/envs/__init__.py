@@ -25,10 +25,13 @@ from flashrl_jax.envs._pool import PooledReward, make_process_pool
 from flashrl_jax.envs._sandbox import (Isolation, Sandbox, SandboxConfig, SandboxResult,
                                        SandboxStatus)
 from flashrl_jax.envs._sokoban import SokobanConfig, SokobanEnv
-from flashrl_jax.envs._synthetic import (LengthDistribution, LengthLaw, SyntheticConfig,
-                                         SyntheticTask, answer_length, generate_synthetic)
+from flashrl_jax.envs._synthetic import (SyntheticConfig, SyntheticTask, answer_length,
+                                         generate_synthetic)
 from flashrl_jax.envs._types import (AsyncEnvironment, AsyncRewardFn, Environment,
                                      EnvironmentFailure, RewardFn, RewardResult, Sample, StepResult)
+
+# The synthetic tasks' length law (a field of `SyntheticConfig`) is the scheduling policy's own.
+from flashrl_jax.scheduling import LengthDistribution, LengthLaw  # noqa: E402
 
 __all__ = [
     "AdaptiveTimeout", "AdaptiveTimeoutConfig", "AnswerSource", "AsyncEnv", "AsyncEnvironment",

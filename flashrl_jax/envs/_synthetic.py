@@ -4,7 +4,8 @@ Asynchronous rollout pays off when a few responses are much longer than the rest
 stalls a synchronous batch). On a CPU with a tiny model we cannot rely on a real model's length
 distribution, so these generators make the *required* response length follow a chosen law: the
 answer of each problem is exactly `n` items long, with `n` drawn from a lognormal or Pareto
-distribution (tail knobs `sigma` / `alpha`). Everything is deterministic given a seed and uses only
+distribution (tail knobs `sigma` / `alpha`; `flashrl_jax.scheduling.LengthDistribution`, the law
+the simulator draws its workloads from). Everything is deterministic given a seed and uses only
 digits, letters, spaces, `+` and `=`, so a tiny character-level tokenizer covers it.
 
 Tasks (answers are graded by exact match after whitespace normalisation):
@@ -21,41 +22,7 @@ import enum
 import numpy as np
 
 from flashrl_jax.envs._types import Sample
-
-
-class LengthLaw(enum.Enum):
-  LOGNORMAL = "lognormal"  # median `median`, log-std `sigma`: q99/q50 = exp(2.326 * sigma)
-  PARETO = "pareto"        # scale `median * 2**(-1/alpha)`, index `alpha`: q99/q50 = 50**(1/alpha)
-  CONSTANT = "constant"    # every answer has length `median` (the synchronous-friendly control)
-
-
-@dataclasses.dataclass(frozen=True)
-class LengthDistribution:
-  """Distribution of the required answer length `n` (items, not characters), clipped to [lo, hi]."""
-
-  law: LengthLaw = LengthLaw.LOGNORMAL
-  median: float = 8.0
-  sigma: float = 1.0
-  alpha: float = 1.5
-  min_len: int = 1
-  max_len: int = 256
-
-  def __post_init__(self):
-    if self.median <= 0 or self.sigma < 0 or self.alpha <= 0:
-      raise ValueError(f"need median > 0, sigma >= 0, alpha > 0; got {self}")
-    if not 1 <= self.min_len <= self.max_len:
-      raise ValueError(f"need 1 <= min_len <= max_len; got {self.min_len}, {self.max_len}")
-
-  def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
-    if self.law is LengthLaw.LOGNORMAL:
-      raw = self.median * np.exp(self.sigma * rng.standard_normal(size))
-    elif self.law is LengthLaw.PARETO:
-      # Classic Pareto with x_m chosen so that the median equals `median`.
-      x_m = self.median * 2.0 ** (-1.0 / self.alpha)
-      raw = x_m * (1.0 - rng.random(size)) ** (-1.0 / self.alpha)
-    else:
-      raw = np.full(size, self.median)
-    return np.clip(np.rint(raw), self.min_len, self.max_len).astype(np.int64)
+from flashrl_jax.scheduling import LengthDistribution
 
 
 class SyntheticTask(enum.Enum):

@@ -16,6 +16,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+# The pause mode is a protocol value and a scheduling cost: defined once, with the policy.
+from flashrl_jax.scheduling import PauseMode  # noqa: F401 (re-exported by the fleet)
+
 # Version string used when a server reports neither `weight_versions` spans nor `weight_version`
 # (an older SGLang); callers can tell "unknown" from any real version.
 UNKNOWN_VERSION = ""
@@ -23,12 +26,6 @@ UNKNOWN_VERSION = ""
 
 class MalformedResponse(ValueError):
   """A server answered with something that does not follow the protocol."""
-
-
-class PauseMode(enum.Enum):
-  ABORT = "abort"        # in-flight requests return partial output (finish reason abort)
-  RETRACT = "retract"    # requests go back to the queue and are recomputed on continue
-  IN_PLACE = "in_place"  # requests keep their KV state and resume on continue
 
 
 class FinishKind(enum.Enum):

@@ -3,8 +3,10 @@
 Why: ROLL Flash's scaling claims (async 2.12× over sync at 128 GPUs, 1.53–2.24× across sequence
 lengths) are made on hardware we do not have. This package models the cluster (K rollout workers
 with a memory-bound decode step, a train pool, weight handoff, rewards, long-tail lengths) and runs
-the controller's own scheduling policies on it, so the same configuration can be (a) checked against
-a measured run on this machine and (b) extrapolated to the paper's scale. See docs/simulator.md.
+the controller's own scheduling policies on it — the staleness bound, sample buffer, pause modes and
+length laws of `flashrl_jax.scheduling`, imported, not copied — so the same configuration can be
+(a) checked against measured runs on this machine and (b) extrapolated to the paper's scale.
+See docs/simulator.md.
 """
 
 from flashrl_jax.sim._bound import (
@@ -13,7 +15,7 @@ from flashrl_jax.sim._bound import (
     list_schedule_makespan,
     queue_bound,
 )
-from flashrl_jax.sim._config import PauseMode, SimConfig
+from flashrl_jax.sim._config import SimConfig
 from flashrl_jax.sim._costs import (
     CostModel,
     DecodeModel,
@@ -23,7 +25,6 @@ from flashrl_jax.sim._costs import (
     TrainModel,
     fit_linear_decode,
 )
-from flashrl_jax.sim._lengths import LengthFamily, LengthModel, fit_lengths
 from flashrl_jax.sim._results import SimResult, StepRecord
 from flashrl_jax.sim._rollout import BatchRollout, GroupPlacement, PromptReplication, QueueScheduling
 from flashrl_jax.sim._scale import (
@@ -43,10 +44,7 @@ __all__ = [
     "CostModel",
     "DecodeModel",
     "GroupPlacement",
-    "LengthFamily",
-    "LengthModel",
     "LinearDecode",
-    "PauseMode",
     "PromptReplication",
     "QueueScheduling",
     "RooflineDecode",
@@ -59,7 +57,6 @@ __all__ = [
     "Workload",
     "amortised_bound",
     "barrier_makespan",
-    "fit_lengths",
     "fit_linear_decode",
     "list_schedule_makespan",
     "mechanism_rows",

@@ -8,17 +8,10 @@ once (`SyncTraining` / `AsyncTraining`, `QueueScheduling` / `BatchRollout`, `Pro
 from __future__ import annotations
 
 import dataclasses
-import enum
+import math
 
-from flashrl_jax.sim import _costs, _lengths, _rollout, _training
-
-
-class PauseMode(enum.Enum):
-  """What in-flight requests do across a weight update (the controller supports both)."""
-
-  IN_PLACE = "in_place"  # keep their KV cache and continue with the new weights
-  ABORT = "abort"        # return partial output; re-submitted, so prompt + partial is re-prefilled
-
+from flashrl_jax.scheduling import LengthDistribution, PauseMode
+from flashrl_jax.sim import _costs, _rollout, _training
 
 Training = _training.SyncTraining | _training.AsyncTraining
 
@@ -35,12 +28,15 @@ class SimConfig:
     group_size: n, responses per prompt.
     steps: training steps to simulate after warm-up.
     warmup_steps: leading steps excluded from throughput (pipeline fill).
-    lengths: response-length law.
+    lengths: response-length law (`flashrl_jax.scheduling.LengthDistribution`, the synthetic
+      tasks' own), with its within-prompt correlation.
+    prompt_tokens: prompt length, for prefill and training-token counts.
     cost: every time cost.
     training: `SyncTraining()` or `AsyncTraining(alpha, train_gpus)`.
     dispatch: `QueueScheduling()` or `BatchRollout()`.
     placement: `PromptReplication()` or `GroupPlacement()`.
-    pause: in-place or abort across weight updates (async only).
+    pause: what in-flight requests do across weight updates (async only); the modes that drop the
+      KV cache (`PauseMode.reprefills_in_flight`) pay a prefill of prompt + partial output.
   """
 
   gpus: int = 8
@@ -50,7 +46,8 @@ class SimConfig:
   group_size: int = 8
   steps: int = 10
   warmup_steps: int = 2
-  lengths: _lengths.LengthModel = _lengths.LengthModel()
+  lengths: LengthDistribution = LengthDistribution(median=math.exp(8.0), sigma=1.0, max_len=32768)
+  prompt_tokens: int = 256
   cost: _costs.CostModel = _costs.CostModel()
   training: Training = _training.SyncTraining()
   dispatch: _rollout.Dispatch = _rollout.QueueScheduling()
@@ -62,6 +59,8 @@ class SimConfig:
     for name in ("gpus", "gpus_per_worker", "slots", "batch_prompts", "group_size", "steps"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    if self.prompt_tokens < 0:
+      raise ValueError(f"prompt_tokens must be >= 0, got {self.prompt_tokens}")
     if self.warmup_steps < 0:
       raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
     if not isinstance(self.training, (_training.SyncTraining, _training.AsyncTraining)):

@@ -188,13 +188,14 @@ class RolloutPool:
       group.ready_time = self.loop.now
       self.on_ready(group)
 
-  def pause(self, seconds: float, abort: bool) -> None:
-    """Weight update: every worker stops for `seconds`; `abort` re-prefills in-flight requests."""
+  def pause(self, seconds: float, reprefill: bool) -> None:
+    """Weight update: every worker stops for `seconds`; with `reprefill` (abort, retract) each
+    in-flight request then re-prefills its prompt and partial output."""
     now = self.loop.now
     self.paused_until = max(self.paused_until, now) + seconds
     for worker in self.workers:
       worker.block(now, seconds)
-      if abort:
+      if reprefill:
         worker.prefill(now, sum(r.prompt_tokens + worker.generated(r) for _, _, r in worker.active))
       self._reschedule(worker)
     self.loop.at(self.paused_until, self._resume)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-from flashrl_jax.sim import _costs, _lengths, _rollout, _training
+from flashrl_jax.scheduling import LengthDistribution
+from flashrl_jax.sim import _costs, _rollout, _training
 from flashrl_jax.sim._config import SimConfig
 from flashrl_jax.sim._simulate import simulate
 
@@ -39,10 +40,9 @@ class Workload:
   steps: int = 6
   warmup_steps: int = 3
 
-  def lengths(self) -> _lengths.LengthModel:
-    return _lengths.LengthModel.with_mean(self.mean_len, sigma=self.sigma, max_len=self.max_len,
-                                          prompt_corr=self.prompt_corr,
-                                          prompt_tokens=self.prompt_tokens)
+  def lengths(self) -> LengthDistribution:
+    return LengthDistribution.with_mean(self.mean_len, sigma=self.sigma, max_len=self.max_len,
+                                        prompt_corr=self.prompt_corr)
 
   def cost(self) -> _costs.CostModel:
     return _costs.CostModel(
@@ -58,7 +58,8 @@ def qwen3_8b_config(gpus: int, training, workload: Workload = Workload(), **chan
   return SimConfig(
       gpus=gpus, slots=workload.slots, batch_prompts=workload.batch_prompts,
       group_size=workload.group_size, steps=workload.steps, warmup_steps=workload.warmup_steps,
-      lengths=workload.lengths(), cost=workload.cost(), training=training,
+      lengths=workload.lengths(), prompt_tokens=workload.prompt_tokens, cost=workload.cost(),
+      training=training,
       dispatch=_rollout.QueueScheduling(), placement=_rollout.PromptReplication()).replace(**changes)
 
 

@@ -14,7 +14,8 @@ from typing import Callable
 
 import numpy as np
 
-from flashrl_jax.sim._config import PauseMode, SimConfig
+from flashrl_jax.scheduling import SampleBuffer, StalenessBound
+from flashrl_jax.sim._config import SimConfig
 from flashrl_jax.sim._events import EventLoop
 from flashrl_jax.sim._results import SimResult, StepRecord
 from flashrl_jax.sim._rollout import RolloutPool
@@ -36,7 +37,10 @@ class Run:
     self.version = 0          # trainer's policy version t (= train steps done)
     self.rollout_version = 0  # version the rollout servers hold
     self.outstanding = 0      # prompts issued and neither consumed nor dropped
-    self.buffer: list[Group] = []
+    self.batch: list[Group] = []  # the sync policy's batch being assembled
+    # The async policy's: the scheduling package's own bound and buffer (set by its `start`).
+    self.bound: StalenessBound | None = None
+    self.samples: SampleBuffer[Group] | None = None
     self.trainer_busy = False
     self.training = False     # a train step is under way (the next consumption is at t + 1)
     self.step_started = float("inf")  # sync policies set it; generation is timed from it
@@ -63,8 +67,8 @@ class Run:
     groups = []
     for _ in range(count):
       z = self._reissue.popleft() if self._reissue else float(self.rng.standard_normal())
-      lengths = self.config.lengths.sample(self.rng, [z], self.config.group_size)[0]
-      group = Group(next(self._gids), z, lengths, self.config.lengths.prompt_tokens, self.loop.now)
+      lengths = self.config.lengths.sample_groups(self.rng, [z], self.config.group_size)[0]
+      group = Group(next(self._gids), z, lengths, self.config.prompt_tokens, self.loop.now)
       for request in group.requests:
         # As in the controller, staleness counts from dispatch: queueing for a slot is included.
         request.start_version = self.rollout_version
@@ -128,7 +132,7 @@ class Run:
     seconds = self.config.cost.sync.rollout_s
     # Scheduled before the pool's resume so that requests admitted on resume get the new version.
     self.loop.at(self.loop.now + seconds, self._end_sync, version, then)
-    self.pool.pause(seconds, abort=self.config.pause is PauseMode.ABORT)
+    self.pool.pause(seconds, reprefill=self.config.pause.reprefills_in_flight)
 
   def _end_sync(self, version: int, then: Callable[[], None]) -> None:
     self.rollout_version = max(self.rollout_version, version)

@@ -8,21 +8,23 @@ Sync: the rollout GPUs generate the whole batch of B prompts, everyone waits for
 and reward, the trainer trains, the new weights are loaded; nothing overlaps. Colocated (the
 paper's ROLL-Sync) means the same GPUs do both phases.
 
-Async: the GPUs are split into a rollout pool and a train pool. The trainer at version t consumes
-the first B fully scored groups in completion order whose every sample started at a version
-v ≥ t − α; older groups are dropped (counted) and their prompts re-issued. A new prompt is issued
-only while the batch it will land in, t_next + ⌊outstanding/B⌋, is at most α versions ahead of the
-weights the servers hold (t_next: the version at the trainer's next consumption). This is the
-controller's `StalenessBound.may_dispatch`; since the servers lag the trainer it implies the
-paper's cap of (1+α)·B prompts in flight or buffered, and with α = 0 it stops generation during
-training, so the run is strictly on-policy. After each step the trainer publishes (export, then
-the servers pause, load and resume) before it takes the next batch, as the controller does.
+Async: the GPUs are split into a rollout pool and a train pool. Both rules are the controller's
+own objects from `flashrl_jax.scheduling`, not re-implementations: a `StalenessBound` decides how
+many prompts may be issued (`dispatch_room`: the batch a new prompt lands in is at most α versions
+ahead of the weights the servers hold, which implies the paper's cap of (1+α)·B prompts in flight
+or buffered, and with α = 0 stops generation during training) and a `SampleBuffer` holds complete
+groups in completion order; the trainer at version t takes the first B whose every sample started at
+a version v ≥ t − α, and the staler ones are dropped (counted) and their prompts re-issued. After
+each step the trainer publishes (export, then the servers pause, load and resume) before it takes
+the next batch, as the controller does.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import TYPE_CHECKING
+
+from flashrl_jax.scheduling import SampleBuffer, StalenessBound
 
 if TYPE_CHECKING:
   from flashrl_jax.sim._simulate import Run
@@ -56,9 +58,9 @@ class SyncTraining:
     run.issue(run.config.batch_prompts)
 
   def on_ready(self, run: Run, group: Group) -> None:
-    run.buffer.append(group)
-    if len(run.buffer) == run.config.batch_prompts:
-      batch, run.buffer = run.buffer, []
+    run.batch.append(group)
+    if len(run.batch) == run.config.batch_prompts:
+      batch, run.batch = run.batch, []
       run.outstanding -= len(batch)
       run.train(batch, then=lambda: self._trained(run))
 
@@ -97,38 +99,35 @@ class AsyncTraining:
     return _split(gpus, self.train_gpus)
 
   def start(self, run: Run) -> None:
+    run.bound = StalenessBound(self.alpha, run.config.batch_prompts)
+    run.samples = SampleBuffer(run.bound)
     self._refill(run)
 
   def on_ready(self, run: Run, group: Group) -> None:
-    run.buffer.append(group)
+    run.samples.put(group)
     self._try_train(run)
 
   def _refill(self, run: Run) -> None:
-    # Issue while t_next + ⌊outstanding/B⌋ − v ≤ α, i.e. up to (α + v − t_next + 1)·B outstanding.
     if run.finished:
       return
+    # The controller's next consumption is at t + 1 while a step trains (its `takes` counter).
     t_next = run.version + (1 if run.training else 0)
-    room = (self.alpha + run.rollout_version - t_next + 1) * run.config.batch_prompts
-    run.issue(max(room - run.outstanding, 0))
+    run.issue(run.bound.dispatch_room(run.outstanding, t_next, run.rollout_version))
 
   def _try_train(self, run: Run) -> None:
     if run.trainer_busy or run.finished:
       return
-    stale = [g for g in run.buffer if run.version - g.oldest_version() > self.alpha]
-    if stale:
-      run.buffer = [g for g in run.buffer if g not in stale]
-      run.drop(stale)
-    batch_size = run.config.batch_prompts
-    if len(run.buffer) >= batch_size:
-      batch, run.buffer = run.buffer[:batch_size], run.buffer[batch_size:]
-      run.outstanding -= len(batch)
-      run.train(batch, then=lambda: self._trained(run))
+    taken = run.samples.take(run.config.batch_prompts, run.version)
+    if taken is not None and taken.stale:
+      run.drop(taken.stale)
+    if taken is not None and taken.groups:
+      run.outstanding -= len(taken.groups)
+      run.train(taken.groups, then=lambda: self._trained(run))
     self._refill(run)
 
   def _trained(self, run: Run) -> None:
     if self.abort_hopeless:
-      doomed = [g for g in run.in_flight() if g.oldest_version() is not None
-                and run.version - g.oldest_version() > self.alpha]
+      doomed = [g for g in run.in_flight() if not run.bound.is_fresh(run.version, g.start_version)]
       if doomed:
         run.drop(doomed)
     # As in the controller, the trainer publishes before it takes the next batch: it exports, then

@@ -36,10 +36,15 @@ class Group:
     self.ready_time: float | None = None
     self.cancelled = False
 
-  def oldest_version(self) -> int | None:
-    """Smallest policy version at which one of its responses started (None: none started yet)."""
-    started = [r.start_version for r in self.requests if r.start_version is not None]
-    return min(started) if started else None
+  @property
+  def start_version(self) -> int:
+    """Oldest policy version its responses were dispatched at (staleness counts from it)."""
+    return min(r.start_version for r in self.requests)
+
+  @property
+  def complete(self) -> bool:
+    """Every response generated and scored (what `SampleBuffer.put` requires)."""
+    return self.unrewarded == 0
 
   @property
   def tokens(self) -> int:

@@ -1,20 +1,38 @@
-"""The sample buffer and the per-sample staleness bound (the async ratio α of ROLL Flash).
+"""The per-sample staleness bound (the async ratio α of ROLL Flash) and the sample buffer.
 
-Two rules keep asynchronous training stable and are enforced here, nowhere else:
+Two rules keep asynchronous training stable; they are written here once, and the controller and
+the simulator both run them:
 - consumption: the trainer at version `t` may train on a group whose generation started at version
   `v` only if `t - v <= α`; older groups are dropped (counted, never silently) and their prompts are
   handed back for re-issue;
 - admission: at most `(1 + α) * B` prompt groups are in flight or buffered, so the generator can run
-  at most α steps ahead of the trainer. `α = 0` is strictly on-policy.
+  at most α steps ahead of the trainer (tighter while the servers lag the trainer: see
+  `may_dispatch`). `α = 0` is strictly on-policy.
 Staleness is judged at consumption time, so time spent waiting in the buffer counts.
+
+The buffer holds anything with a `start_version` and a `complete` flag (`Buffered`): the
+controller's groups of scored responses and the simulator's simulated groups alike.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+from typing import Generic, Protocol, TypeVar
 
-from flashrl_jax.controller._samples import Group
+
+class Buffered(Protocol):
+  """What the buffer needs of a group: the oldest version its generation started at, and whether
+  every response is scored."""
+
+  @property
+  def start_version(self) -> int: ...
+
+  @property
+  def complete(self) -> bool: ...
+
+
+G = TypeVar("G", bound=Buffered)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,44 +64,56 @@ class StalenessBound:
     consume_at = next_consume_version + outstanding // self.batch_size
     return consume_at - published_version <= self.async_ratio
 
-  def staleness(self, trainer_version: int, group: Group) -> int:
-    return trainer_version - group.start_version
+  def dispatch_room(self, outstanding: int, next_consume_version: int,
+                    published_version: int) -> int:
+    """How many groups `may_dispatch` admits now, one after another (0 when it admits none).
 
-  def is_fresh(self, trainer_version: int, group: Group) -> bool:
-    return self.staleness(trainer_version, group) <= self.async_ratio
+    `may_dispatch(o)` holds iff `o // B <= α + published − next`, i.e. iff
+    `o < (α + published − next + 1)·B`: the room is that product minus what is outstanding.
+    """
+    windows = self.async_ratio + published_version - next_consume_version + 1
+    return max(windows * self.batch_size - outstanding, 0)
+
+  def staleness(self, trainer_version: int, start_version: int) -> int:
+    return trainer_version - start_version
+
+  def is_fresh(self, trainer_version: int, start_version: int) -> bool:
+    return self.staleness(trainer_version, start_version) <= self.async_ratio
 
 
 @dataclasses.dataclass
-class TakeResult:
-  groups: list[Group]
-  stale: list[Group]  # dropped for staleness; their prompts must be re-issued
+class TakeResult(Generic[G]):
+  groups: list[G]
+  stale: list[G]  # dropped for staleness; their prompts must be re-issued
 
 
-class SampleBuffer:
-  """FIFO of complete groups; `take` applies the consumption rule."""
+class SampleBuffer(Generic[G]):
+  """FIFO of complete groups (in completion order); `take` applies the consumption rule."""
 
   def __init__(self, bound: StalenessBound):
     self.bound = bound
-    self._groups: collections.deque[Group] = collections.deque()
+    self._groups: collections.deque[G] = collections.deque()
     self.dropped_stale = 0
 
   def __len__(self) -> int:
     return len(self._groups)
 
-  def put(self, group: Group) -> None:
+  def put(self, group: G) -> None:
     if not group.complete:
-      raise ValueError(f"group {group.prompt_index} is incomplete ({len(group.responses)}/{group.n}).")
+      raise ValueError(f"group {getattr(group, 'prompt_index', '?')} is incomplete: only complete "
+                       "groups are buffered.")
     self._groups.append(group)
 
-  def drop_stale(self, trainer_version: int) -> list[Group]:
-    stale = [g for g in self._groups if not self.bound.is_fresh(trainer_version, g)]
+  def drop_stale(self, trainer_version: int) -> list[G]:
+    fresh, stale = [], []
+    for g in self._groups:
+      (fresh if self.bound.is_fresh(trainer_version, g.start_version) else stale).append(g)
     if stale:
-      self._groups = collections.deque(
-          g for g in self._groups if self.bound.is_fresh(trainer_version, g))
+      self._groups = collections.deque(fresh)
       self.dropped_stale += len(stale)
     return stale
 
-  def take(self, count: int, trainer_version: int) -> TakeResult | None:
+  def take(self, count: int, trainer_version: int) -> TakeResult[G] | None:
     """Drops stale groups, then returns the `count` oldest fresh ones, or None if too few remain."""
     stale = self.drop_stale(trainer_version)
     if len(self._groups) < count:
@@ -91,11 +121,11 @@ class SampleBuffer:
     groups = [self._groups.popleft() for _ in range(count)]
     return TakeResult(groups=groups, stale=stale)
 
-  def drain_view(self) -> list[Group]:
+  def drain_view(self) -> list[G]:
     """The buffered groups, oldest first, without removing them."""
     return list(self._groups)
 
-  def drain(self) -> list[Group]:
+  def drain(self) -> list[G]:
     groups = list(self._groups)
     self._groups.clear()
     return groups
