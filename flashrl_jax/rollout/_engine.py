@@ -25,9 +25,10 @@ import numpy as np
 from flashrl_jax.model import load_tokenizer, read_config
 from flashrl_jax.rollout._config import EngineConfig, EngineStats
 from flashrl_jax.fleet import FinishKind, FinishReason, PauseMode
-from flashrl_jax.rollout._request import Output, Request, validate_request
+from flashrl_jax.rollout._request import LogprobOptions, Output, Request, validate_request
 from flashrl_jax.rollout._runner import Runner, rollout_mesh
-from flashrl_jax.rollout._sampling import Sampling
+from flashrl_jax.rollout._sampling import MAX_TOP_LOGPROBS, Sampling
+from flashrl_jax.rollout._scoring import PromptScorer
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class Engine:
                          max_prefill_batch=config.max_prefill_batch,
                          min_decode_batch=config.min_decode_batch)
     self.model_config = self.runner.config
+    self.scorer = PromptScorer(self.runner.graphdef)
     self.vocab_size = self.model_config.vocab_size
     self.tokenizer = None
     try:
@@ -84,24 +86,28 @@ class Engine:
   def alive(self) -> bool:
     return self._thread.is_alive()
 
-  def validate(self, prompt_ids: Sequence[int], sampling: Sampling) -> None:
+  def validate(self, prompt_ids: Sequence[int], sampling: Sampling,
+               logprobs: LogprobOptions = LogprobOptions()) -> None:
     """Raises ValueError for a request this engine cannot serve (checked before queuing)."""
     validate_request(prompt_ids, sampling, vocab_size=self.vocab_size,
-                     context_length=self.context_length, eos_ids=self.eos_ids)
+                     context_length=self.context_length, eos_ids=self.eos_ids, logprobs=logprobs)
+    if self.tokenizer is None and (sampling.stop or sampling.stop_regex):
+      raise ValueError("stop strings and stop_regex need a tokenizer; this server has none.")
 
   def submit(self, prompt_ids: Sequence[int], sampling: Sampling = Sampling(), *,
              rid: str | None = None, group: str | None = None,
-             on_update: Callable[[Output], None] | None = None, stream: bool = False) -> Request:
+             on_update: Callable[[Output], None] | None = None, stream: bool = False,
+             logprobs: LogprobOptions = LogprobOptions()) -> Request:
     """Queues one sample (`sampling.n` is ignored here); returns its handle (`.result()` blocks)."""
     prompt_ids = [int(t) for t in prompt_ids]
-    self.validate(prompt_ids, sampling)
+    self.validate(prompt_ids, sampling, logprobs)
     seed = (sampling.sampling_seed if sampling.sampling_seed is not None
             else int(self._rng.integers(0, 2**63)))
     room = self.context_length - len(prompt_ids)
     max_new = room if sampling.max_new_tokens is None else min(sampling.max_new_tokens, room)
     request = Request(rid or uuid.uuid4().hex, prompt_ids, sampling, seed=seed,
                       max_new_tokens=max_new, eos_ids=self.eos_ids, group=group,
-                      on_update=on_update, stream=stream)
+                      on_update=on_update, stream=stream, logprobs=logprobs)
     with self._cv:
       if self._stopping:
         raise RuntimeError("the engine is shut down.")
@@ -129,6 +135,10 @@ class Engine:
 
   def resume(self) -> concurrent.futures.Future:
     return self._call(setattr, self, "_paused", None)
+
+  def set_weight_version(self, version: str) -> concurrent.futures.Future:
+    """Relabels the current weights (between steps, so a token never sees half a change)."""
+    return self._call(setattr, self, "weight_version", version)
 
   def abort(self, rid: str | None = None, abort_all: bool = False) -> concurrent.futures.Future:
     """Finishes matching requests (rid, or the samples of an n>1 group rid) with partial output."""
@@ -266,6 +276,7 @@ class Engine:
           if group and g * t > self.config.prefill_token_budget:
             break
           group.append(self._waiting.popleft())
+      self._score_prompts(group + exhausted)
       for request in exhausted:
         self._finish(request, FinishReason(FinishKind.LENGTH, length=request.num_generated))
       if not group:
@@ -273,13 +284,14 @@ class Engine:
           return
         continue
       prompts = [r.all_ids() for r in group]
-      tokens, logprobs = self.runner.prefill(prompts, free[:len(group)],
-                                             [self._sampling_row(r) for r in group],
-                                             [r.num_generated for r in group])
+      tokens, logprobs, (top_ids, top_lps) = self.runner.prefill(
+          prompts, free[:len(group)], [self._sampling_row(r) for r in group],
+          [r.num_generated for r in group], top_n=self._top_n(group))
       self.stats.prefill_calls += 1
       self.stats.prefill_tokens += sum(len(p) for p in prompts)
-      for slot, request, token, logprob in zip(free, group, tokens, logprobs):
-        self._on_token(request, int(token), float(logprob), slot=None)
+      for i, (slot, request) in enumerate(zip(free, group)):
+        self._on_token(request, int(tokens[i]), float(logprobs[i]), slot=None,
+                       top=(top_ids[i], top_lps[i]))
         if not request.done:
           self._slots[slot] = request
           self._slots_dirty = True
@@ -291,13 +303,15 @@ class Engine:
       rows = [self._sampling_row(r) if r is not None else (None, 0, ()) for r in self._slots]
       self.runner.set_slots(rows, np.array([r is not None for r in self._slots]))
       self._slots_dirty = False
-    tokens, logprobs = self.runner.decode(size)
     running = self._running()
+    tokens, logprobs, (top_ids, top_lps) = self.runner.decode(
+        size, top_n=self._top_n([r for _, r in running]))
     self.stats.decode_steps += 1
     self.stats.busy_slot_steps += len(running)
     self.stats.computed_slot_steps += size
     for slot, request in running:
-      self._on_token(request, int(tokens[slot]), float(logprobs[slot]), slot=slot)
+      self._on_token(request, int(tokens[slot]), float(logprobs[slot]), slot=slot,
+                     top=(top_ids[slot], top_lps[slot]))
 
   def _pack(self, size: int) -> None:
     """Moves running requests into the first `size` slots, so decode can run on that prefix."""
@@ -309,8 +323,22 @@ class Engine:
         self._slots[dst], self._slots[slot] = request, None
         self._slots_dirty = True
 
-  def _on_token(self, request: Request, token: int, logprob: float, slot: int | None) -> None:
-    request.append(token, logprob, self.weight_version)
+  @staticmethod
+  def _top_n(requests: Sequence[Request]) -> int:
+    """Top candidates to compute this step: none, or the cap (one extra program, not one per n)."""
+    return MAX_TOP_LOGPROBS if any(r.logprob_options.top_n for r in requests) else 0
+
+  def _score_prompts(self, requests: Sequence[Request]) -> None:
+    """Prompt log-probs for the requests that asked, on the weights about to generate for them."""
+    for request in requests:
+      if request.wants_input_logprobs:
+        logprobs, tops = self.scorer.score(self.runner.params, request.prompt_ids,
+                                           request.logprob_options.top_n)
+        request.set_input_logprobs(logprobs, tops)
+
+  def _on_token(self, request: Request, token: int, logprob: float, slot: int | None,
+                top=None) -> None:
+    request.append(token, logprob, self.weight_version, top)
     self.stats.generated_tokens += 1
     finish = request.check_finish(self.tokenizer)
     if finish is None:

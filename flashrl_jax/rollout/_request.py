@@ -10,15 +10,35 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import re
 import threading
 import time
 from typing import Callable, Sequence
 
 # The protocol's value types are shared with the client, so both sides speak one vocabulary.
 from flashrl_jax.fleet import FinishKind, FinishReason, VersionSpan
-from flashrl_jax.rollout._sampling import MAX_STOP_IDS, Sampling
+from flashrl_jax.rollout._sampling import MAX_STOP_IDS, MAX_TOP_LOGPROBS, Sampling
 
 log = logging.getLogger(__name__)
+
+
+# A position's top candidates: ((token id, log-prob), ...), most likely first.
+TopRow = tuple[tuple[int, float], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class LogprobOptions:
+  """What a request wants beyond its output tokens' log-probs (SGLang's top-level fields)."""
+
+  input_start: int = -1  # logprob_start_len: prompt positions from here get log-probs (-1: none)
+  top_n: int = 0  # top_logprobs_num: candidates per output position (and prompt, when asked)
+
+  def __post_init__(self):
+    if self.input_start < -1:
+      raise ValueError(f"logprob_start_len must be >= -1, got {self.input_start}.")
+    if not 0 <= self.top_n <= MAX_TOP_LOGPROBS:
+      raise ValueError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_n}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,13 +53,22 @@ class Output:
   finish: FinishReason | None  # None while still running
   weight_version: str
   latency_s: float
+  # Only for requests that asked (see `LogprobOptions`): prompt log-probs from `input_start` (the
+  # first is None when it is position 0) and top candidates per prompt and output position.
+  input_logprobs: tuple[float | None, ...] | None = None
+  input_top: tuple[TopRow, ...] = ()
+  output_top: tuple[TopRow, ...] = ()
 
 
 def validate_request(prompt_ids: Sequence[int], sampling: Sampling, *, vocab_size: int,
-                     context_length: int, eos_ids: Sequence[int]) -> None:
+                     context_length: int, eos_ids: Sequence[int],
+                     logprobs: LogprobOptions = LogprobOptions()) -> None:
   """Raises ValueError for a request an engine with these limits cannot serve."""
   if not prompt_ids:
     raise ValueError("the prompt is empty.")
+  if logprobs.input_start >= len(prompt_ids):
+    raise ValueError(f"logprob_start_len={logprobs.input_start} must be < the prompt length "
+                     f"({len(prompt_ids)} tokens).")
   bad = [t for t in prompt_ids if not 0 <= t < vocab_size]
   if bad:
     raise ValueError(f"token ids {bad[:8]} are outside the vocabulary [0, {vocab_size}).")
@@ -56,8 +85,13 @@ class Request:
 
   def __init__(self, rid: str, prompt_ids: list[int], sampling: Sampling, *, seed: int,
                max_new_tokens: int, eos_ids: tuple[int, ...], group: str | None = None,
-               on_update: Callable[[Output], None] | None = None, stream: bool = False):
+               on_update: Callable[[Output], None] | None = None, stream: bool = False,
+               logprobs: LogprobOptions = LogprobOptions()):
     self.rid, self.group, self.sampling, self.seed = rid, group, sampling, seed
+    self.logprob_options = logprobs
+    self.input_logprobs: list[float | None] | None = None  # set once, before the first prefill
+    self.input_top: list[TopRow] = []
+    self.output_top: list[TopRow] = []
     self.prompt_ids = list(prompt_ids)
     self.max_new_tokens = max_new_tokens
     self.stop_ids = tuple(dict.fromkeys(
@@ -83,10 +117,31 @@ class Request:
     """Prompt plus everything generated: what a (re)prefill must process."""
     return self.prompt_ids + self.output_ids
 
-  def append(self, token: int, logprob: float, version: str) -> None:
+  @property
+  def wants_input_logprobs(self) -> bool:
+    return self.logprob_options.input_start >= 0 and self.input_logprobs is None
+
+  def set_input_logprobs(self, logprobs: Sequence[float | None], tops: Sequence[TopRow]) -> None:
+    """Stores whole-prompt scores (position 0 first), keeping positions from `input_start`."""
+    start = self.logprob_options.input_start
+    self.input_logprobs = list(logprobs[start:])
+    if self.input_logprobs:
+      self.input_logprobs[0] = None  # as SGLang: the first returned position carries no log-prob
+    self.input_top = [tuple(row[:self.logprob_options.top_n]) for row in tops[start:]]
+    if self.input_top:
+      self.input_top[0] = ()
+
+  def append(self, token: int, logprob: float, version: str,
+             top: tuple[Sequence[int], Sequence[float]] | None = None) -> None:
     index = len(self.output_ids)
     self.output_ids.append(token)
     self.logprobs.append(logprob)
+    if self.logprob_options.top_n and top is not None:
+      # A banned candidate (min_new_tokens) has log-prob -inf: not a candidate, and not JSON.
+      self.output_top.append(tuple(
+          (int(t), float(lp)) for t, lp in zip(top[0][:self.logprob_options.top_n],
+                                               top[1][:self.logprob_options.top_n])
+          if math.isfinite(lp)))
     self.current_version = version
     if self.versions and self.versions[-1][0] == version:
       self.versions[-1][2] = index + 1
@@ -106,6 +161,14 @@ class Request:
       for stop in self.sampling.stop:
         if stop in tail:
           return FinishReason(FinishKind.STOP, matched=stop)
+    if n >= self.sampling.min_new_tokens and n and self.sampling.stop_regex and tokenizer is not None:
+      # A regex may match a span of any length, so search the whole output; the first token whose
+      # arrival makes any pattern match ends the request (earlier tokens matched nothing).
+      text = tokenizer.decode(self.output_ids, self.sampling.skip_special_tokens)
+      for pattern in self.sampling.stop_regex:
+        match = re.search(pattern, text)
+        if match:
+          return FinishReason(FinishKind.STOP, matched=match.group(0))
     if n >= self.max_new_tokens:
       return FinishReason(FinishKind.LENGTH, length=n)
     return None
@@ -116,7 +179,9 @@ class Request:
         rid=self.rid, prompt_ids=tuple(self.prompt_ids), output_ids=tuple(self.output_ids),
         logprobs=tuple(self.logprobs),
         versions=tuple(VersionSpan(v, s, e) for v, s, e in self.versions), finish=self.finish,
-        weight_version=weight_version, latency_s=end - self.created)
+        weight_version=weight_version, latency_s=end - self.created,
+        input_logprobs=None if self.input_logprobs is None else tuple(self.input_logprobs),
+        input_top=tuple(self.input_top), output_top=tuple(self.output_top))
 
   def notify(self, weight_version: str) -> None:
     """Reports progress to a streaming caller (`on_update` always hears the final snapshot)."""

@@ -21,7 +21,7 @@ from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from flashrl_jax.model import Decoder, ModelConfig, load_hf_state, no_shard, read_config
-from flashrl_jax.rollout._sampling import RowSampling, Sampling, sample
+from flashrl_jax.rollout._sampling import RowSampling, Sampling, sample_with_top
 from flashrl_jax.rollout._slot_cache import SlotCache, write_prefix
 
 # Rollout is tensor-parallel only: whole weight copies per replica, split over `tensor`.
@@ -97,12 +97,12 @@ class Runner:
     self._cache_sharding = NamedSharding(self.mesh, spec)
     self._replicated = NamedSharding(self.mesh, P())
     self.state = self._zero_state()
-    self._decode = jax.jit(self._decode_impl, donate_argnums=(1,), static_argnums=(4,))
+    self._decode = jax.jit(self._decode_impl, donate_argnums=(1,), static_argnums=(4, 5))
     self._move = jax.jit(self._move_impl, donate_argnums=(0,))
     # Decode batch sizes: powers of two from `min_decode_batch` up to all slots.
     self.decode_sizes = sorted({min(num_slots, min_decode_batch << i)
                                 for i in range(max(1, num_slots.bit_length()))})
-    self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1,))
+    self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1,), static_argnums=(7,))
     self._rows: RowSampling | None = None
     self._active: jax.Array | None = None
 
@@ -156,9 +156,10 @@ class Runner:
     return _pow2_at_least(len(lengths)), t
 
   def prefill(self, prompts: Sequence[Sequence[int]], slots: Sequence[int],
-              rows: Sequence[tuple[Sampling, int, tuple[int, ...]]], steps: Sequence[int]
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """Processes whole prompts into `slots`; returns each one's next token and its log-prob."""
+              rows: Sequence[tuple[Sampling, int, tuple[int, ...]]], steps: Sequence[int],
+              top_n: int = 0) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """Processes whole prompts into `slots`; returns each one's next token, its log-prob and the
+    `top_n` most likely candidates (ids, log-probs) `[n, top_n]`."""
     g, t = self.prefill_bucket([len(p) for p in prompts])
     n = len(prompts)
     tokens = np.zeros((g, t), np.int32)
@@ -171,22 +172,24 @@ class Runner:
     step_arr = np.zeros(g, np.int32)
     step_arr[:n] = steps
     row_arr = RowSampling.host(list(rows), g)
-    self.state, new_tokens, logprobs = self._prefill(
-        self.params, self.state, tokens, lengths, slot_ids, row_arr, step_arr)
-    new_tokens, logprobs = jax.device_get((new_tokens, logprobs))
-    return new_tokens[:n], logprobs[:n]
+    self.state, new_tokens, logprobs, top = self._prefill(
+        self.params, self.state, tokens, lengths, slot_ids, row_arr, step_arr, top_n)
+    new_tokens, logprobs, (ids, lps) = jax.device_get((new_tokens, logprobs, top))
+    return new_tokens[:n], logprobs[:n], (ids[:n], lps[:n])
 
   def decode_size(self, num_running: int) -> int:
     """The decode batch (a prefix of the slots) that holds `num_running` packed requests."""
     return next(n for n in self.decode_sizes if n >= num_running)
 
-  def decode(self, size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  def decode(self, size: int | None = None, top_n: int = 0
+             ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """One token for every active slot among the first `size` (default all); returns `[size]`
-    tokens and log-probs (idle slots: junk)."""
+    tokens and log-probs and the `top_n` most likely candidates `[size, top_n]` (idle slots: junk).
+    """
     size = size or self.num_slots
-    self.state, tokens, logprobs = self._decode(self.params, self.state, self._rows, self._active,
-                                                size)
-    return jax.device_get((tokens, logprobs))
+    self.state, tokens, logprobs, top = self._decode(self.params, self.state, self._rows,
+                                                     self._active, size, top_n)
+    return jax.device_get((tokens, logprobs, top))
 
   def move(self, src: int, dst: int) -> None:
     """Moves a running request's slot state (KV, next token, step count) from `src` to `dst`."""
@@ -223,27 +226,29 @@ class Runner:
     return state.replace(cache=cache)
 
   def _prefill_impl(self, params: nnx.State, state: SlotState, tokens: jax.Array,
-                    lengths: jax.Array, slots: jax.Array, rows: RowSampling, steps: jax.Array):
+                    lengths: jax.Array, slots: jax.Array, rows: RowSampling, steps: jax.Array,
+                    top_n: int):
     model = nnx.merge(self.graphdef, params)
     g, t = tokens.shape
     fresh = model.init_cache(g, t)
     hidden, fresh = model.extend(tokens, lengths, fresh)
     last = hidden[jnp.arange(g), jnp.maximum(lengths - 1, 0)]  # [G, D]
-    new_tokens, logprobs = sample(model.logits(last), rows, steps)
+    new_tokens, logprobs, top = sample_with_top(model.logits(last), rows, steps, top_n)
     state = SlotState(cache=state.cache.insert_prefill(fresh, slots),
                       tokens=state.tokens.at[slots].set(new_tokens, mode="drop"),
                       steps=state.steps.at[slots].set(steps + 1, mode="drop"))
-    return self._constrain(state), new_tokens, logprobs
+    return self._constrain(state), new_tokens, logprobs, top
 
   def _decode_impl(self, params: nnx.State, state: SlotState, rows: RowSampling,
-                   active: jax.Array, size: int):
+                   active: jax.Array, size: int, top_n: int):
     model = nnx.merge(self.graphdef, params)
     head = lambda x: x[:size]
     cache = state.cache if size == self.num_slots else state.cache.prefix(size)
     active, tokens, steps = head(active), head(state.tokens), head(state.steps)
     num_new = active.astype(jnp.int32)
     hidden, cache = model.extend(tokens[:, None], num_new, cache)
-    new_tokens, logprobs = sample(model.logits(hidden[:, 0]), jax.tree.map(head, rows), steps)
+    new_tokens, logprobs, top = sample_with_top(model.logits(hidden[:, 0]),
+                                                jax.tree.map(head, rows), steps, top_n)
     new_tokens = jnp.where(active, new_tokens, tokens)
     new_steps = steps + num_new
     if size < self.num_slots:  # write the prefix back (in place: the state is donated)
@@ -252,7 +257,7 @@ class Runner:
                         steps=write_prefix(state.steps, new_steps))
     else:
       state = SlotState(cache=cache, tokens=new_tokens, steps=new_steps)
-    return self._constrain(state), new_tokens, logprobs
+    return self._constrain(state), new_tokens, logprobs, top
 
   def _move_impl(self, state: SlotState, src: jax.Array, dst: jax.Array) -> SlotState:
     move = lambda x: x.at[dst].set(x[src])

@@ -12,6 +12,7 @@ draws the same tokens whatever slot, batch or recomputation it runs in.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Mapping
 
 import jax
@@ -21,14 +22,26 @@ from flax import struct
 
 # How many stop token ids (eos included) one request may ban before `min_new_tokens`.
 MAX_STOP_IDS = 16
+# The most candidates per position `top_logprobs_num` may ask for (OpenAI's own cap is 20).
+MAX_TOP_LOGPROBS = 20
 
-# SGLang keys we accept only at their neutral value (a non-neutral one is an error, never ignored).
-_NEUTRAL = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
-            "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None,
-            "logit_bias": None, "custom_params": None, "stop_regex": None}
-# SGLang keys that only shape streaming/formatting and are safe to ignore.
-_IGNORED = {"stream_interval"}
-
+# SGLang `sampling_params` keys this engine does not implement, each with the test for its neutral
+# value: a neutral value (what SGLang's own clients send by default, e.g. `logit_bias: {}`) is
+# accepted and changes nothing; any other value would change behaviour we cannot honour, so it is
+# refused (HTTP 400 naming the key), never silently ignored.
+_NEUTRAL = {
+    "frequency_penalty": lambda v: v == 0, "presence_penalty": lambda v: v == 0,
+    "repetition_penalty": lambda v: v == 1,
+    "json_schema": lambda v: False, "regex": lambda v: False, "ebnf": lambda v: False,
+    "structural_tag": lambda v: False,
+    "logit_bias": lambda v: isinstance(v, Mapping) and all(b == 0 for b in v.values()),
+    # Named in SGLang's contract or sent by other SGLang-compatible clients; only null is neutral.
+    "beam_width": lambda v: False, "watermark": lambda v: False, "choice": lambda v: False,
+}
+# SGLang keys that change nothing here and are accepted with any value: `stream_interval` only
+# paces streaming, and `custom_params` is read only by a custom logit processor (which a request
+# cannot install on this server: `custom_logit_processor` is refused at the request level).
+_IGNORED = {"stream_interval", "custom_params"}
 
 @dataclasses.dataclass(frozen=True)
 class Sampling:
@@ -52,6 +65,7 @@ class Sampling:
   spaces_between_special_tokens: bool = True
   no_stop_trim: bool = False
   sampling_seed: int | None = None
+  stop_regex: tuple[str, ...] = ()  # matched against the decoded output, like `stop`
 
   def __post_init__(self):
     if self.max_new_tokens is not None and self.max_new_tokens < 0:
@@ -75,6 +89,11 @@ class Sampling:
       raise ValueError("stop strings must be non-empty.")
     if any(t < 0 for t in self.stop_token_ids):
       raise ValueError(f"stop_token_ids must be >= 0, got {list(self.stop_token_ids)}.")
+    for pattern in self.stop_regex:
+      try:
+        re.compile(pattern)
+      except re.error as e:
+        raise ValueError(f"stop_regex {pattern!r} is not a valid regular expression: {e}.") from None
 
   @property
   def greedy(self) -> bool:
@@ -93,8 +112,9 @@ class Sampling:
       if key in _IGNORED:
         continue
       if key in _NEUTRAL:
-        if value is not None and value != _NEUTRAL[key]:
-          raise ValueError(f"sampling param {key}={value!r} is not supported by this engine.")
+        if value is not None and not _is_neutral(key, value):
+          raise ValueError(f"sampling param {key}={value!r} is not supported by this engine "
+                           "(only its neutral value is).")
         continue
       if key not in fields:
         raise ValueError(f"unknown sampling param {key!r}.")
@@ -104,6 +124,13 @@ class Sampling:
         continue  # JSON null means "default", as in SGLang.
       kwargs[key] = _coerce(key, value)
     return cls(**kwargs)
+
+
+def _is_neutral(key: str, value: Any) -> bool:
+  try:
+    return bool(_NEUTRAL[key](value))
+  except TypeError:  # e.g. a string where a number is expected: not neutral
+    return False
 
 
 def _coerce(key: str, value: Any) -> Any:
@@ -118,11 +145,11 @@ def _coerce(key: str, value: Any) -> Any:
     return number(value, int)
   if key in ("temperature", "top_p", "min_p"):
     return number(value, float)
-  if key == "stop":
+  if key in ("stop", "stop_regex"):
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-      raise ValueError(f"stop must be a string or a list of strings, got {value!r}.")
-    return tuple(stops)
+      raise ValueError(f"{key} must be a string or a list of strings, got {value!r}.")
+    return tuple(s for s in stops if s) if key == "stop_regex" else tuple(stops)
   if key == "stop_token_ids":
     if not isinstance(value, list):
       raise ValueError(f"stop_token_ids must be a list of ints, got {value!r}.")
@@ -238,6 +265,28 @@ def sample(logits: jax.Array, rows: RowSampling, steps: jax.Array) -> tuple[jax.
 
   Returns (tokens `[B]` int32, behaviour log-probs `[B]` float32).
   """
+  tokens, logprobs, _ = _sample(logits, rows, steps)
+  return tokens, logprobs
+
+
+def sample_with_top(logits: jax.Array, rows: RowSampling, steps: jax.Array, top_n: int
+                    ) -> tuple[jax.Array, jax.Array, tuple[jax.Array, jax.Array]]:
+  """`sample`, plus the `top_n` most likely candidates of each row under the same behaviour
+  distribution (SGLang's `output_top_logprobs`): (ids, log-probs) `[B, top_n]`."""
+  tokens, logprobs, logp = _sample(logits, rows, steps)
+  return tokens, logprobs, top_candidates(logp, top_n)
+
+
+def top_candidates(logp: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
+  """The `n` most likely tokens of each row of `logp` `[..., V]`: (ids, log-probs) `[..., n]`."""
+  if n == 0:
+    shape = logp.shape[:-1] + (0,)
+    return jnp.zeros(shape, jnp.int32), jnp.zeros(shape, logp.dtype)
+  values, ids = jax.lax.top_k(logp, n)
+  return ids.astype(jnp.int32), values
+
+
+def _sample(logits: jax.Array, rows: RowSampling, steps: jax.Array):
   b, vocab = logits.shape
   banned = jnp.where((steps < rows.min_new)[:, None] & (rows.stop_ids >= 0), rows.stop_ids, vocab)
   logits = logits.at[jnp.arange(b)[:, None], banned].set(-jnp.inf, mode="drop")
@@ -257,4 +306,4 @@ def sample(logits: jax.Array, rows: RowSampling, steps: jax.Array) -> tuple[jax.
   # An all-greedy batch (e.g. evaluation) skips the random draw entirely.
   drawn = jax.lax.cond(jnp.all(greedy), lambda _: jnp.zeros(b, jnp.int32), draw, None)
   tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
-  return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+  return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0], logp

@@ -65,7 +65,7 @@ def _submit(engine: Engine, job: GenerateJob, on_update) -> list:
     for index, item in enumerate(job.items):
       submitted.append(engine.submit(
           item.prompt_ids, item.sampling, rid=item.rid, group=item.group, stream=job.stream,
-          on_update=lambda out, index=index: on_update(index, out)))
+          on_update=lambda out, index=index: on_update(index, out), logprobs=item.logprobs))
   except (ValueError, RuntimeError):
     for request in submitted:
       engine.abort(request.rid)
@@ -212,10 +212,19 @@ async def health_generate(request: web.Request) -> web.Response:
       engine.abort(probe.rid)
 
 
+def served_model_name(app: web.Application) -> str:
+  """The name `/v1/models` lists and OpenAI responses carry (default: the model path)."""
+  return app[_ARGS].get("served_model_name") or app[_ENGINE].config.model_path
+
+
+def _tokenizer_path(app: web.Application) -> str:
+  return app[_ARGS].get("tokenizer_path") or app[_ENGINE].config.model_path
+
+
 def _model_info(app: web.Application) -> dict[str, Any]:
   engine = app[_ENGINE]
-  return {"model_path": engine.model_path,
-          "tokenizer_path": app[_ARGS].get("tokenizer_path") or engine.config.model_path,
+  return {"model_path": engine.model_path, "served_model_name": served_model_name(app),
+          "tokenizer_path": _tokenizer_path(app),
           "is_generation": True, "preferred_sampling_params": None,
           "weight_version": engine.weight_version, "has_image_understanding": False,
           "has_audio_understanding": False, "model_type": engine.model_config.family.value,
@@ -231,6 +240,10 @@ async def server_info(request: web.Request) -> web.Response:
   engine = request.app[_ENGINE]
   stats = engine.stats
   info = {**request.app[_ARGS], **describe(engine.runner), "model_path": engine.model_path,
+          "served_model_name": served_model_name(request.app),
+          "tokenizer_path": _tokenizer_path(request.app),
+          "max_context_length": engine.context_length,
+          "max_total_num_tokens": engine.context_length * engine.runner.num_slots,
           "weight_version": engine.weight_version, "version": VERSION,
           "internal_states": [{"decode_steps": stats.decode_steps,
                                "prefill_calls": stats.prefill_calls,
@@ -248,8 +261,62 @@ async def loads(request: web.Request) -> web.Response:
                             "loads": [{"dp_rank": 0, **load}]})
 
 
+async def get_load(request: web.Request) -> web.Response:
+  """Legacy `/get_load`. sglang-router reads an object's `load` (the tokens held by running
+  requests, as SGLang's own load once was); the per-rank fields of SGLang's newer list form sit
+  beside it, flattened (this server is one data-parallel rank)."""
+  load = request.app[_ENGINE].loads()
+  return web.json_response({
+      "load": load["num_used_tokens"], "dp_rank": 0,
+      "num_reqs": load["num_running_reqs"] + load["num_waiting_reqs"],
+      "num_waiting_reqs": load["num_waiting_reqs"], "num_tokens": load["num_used_tokens"],
+      "ts_tic": time.perf_counter()})
+
+
 async def weight_version(request: web.Request) -> web.Response:
   return web.json_response({"weight_version": request.app[_ENGINE].weight_version})
+
+
+async def update_weight_version(request: web.Request) -> web.Response:
+  """Relabels the weights being served (no weights change), SGLang's `/update_weight_version`."""
+  engine = request.app[_ENGINE]
+  try:
+    body = await _body(request)
+  except BadRequest as e:
+    return _error(str(e))
+  version = body.get("new_version")
+  if not isinstance(version, (str, int)) or isinstance(version, bool) or version == "":
+    return web.json_response({"success": False, "message": "new_version (str) is required."},
+                             status=400)
+  abort_all = body.get("abort_all_requests", False)
+  if not isinstance(abort_all, bool):
+    return _error("abort_all_requests must be a boolean.")
+  if abort_all:
+    await asyncio.wrap_future(engine.abort(abort_all=True))
+  await asyncio.wrap_future(engine.set_weight_version(str(version)))
+  return web.json_response({"success": True, "message": f"Weight version updated to {version}",
+                            "new_version": str(version)})
+
+
+async def models(request: web.Request) -> web.Response:
+  """OpenAI's `/v1/models`: the one model this server serves."""
+  engine = request.app[_ENGINE]
+  return web.json_response({"object": "list", "data": [{
+      "id": served_model_name(request.app), "object": "model", "created": int(time.time()),
+      "owned_by": "flashrl_jax", "root": engine.config.model_path, "parent": None,
+      "max_model_len": engine.context_length}]})
+
+
+async def ready(request: web.Request) -> web.Response:
+  """Readiness without a generation: the engine loop is running (warm-up is done before listen)."""
+  if not request.app[_ENGINE].alive:
+    return web.json_response({"status": "not ready", "message": "engine is not running"},
+                             status=503)
+  return web.json_response({"status": "ready"})
+
+
+async def ping(request: web.Request) -> web.Response:
+  return web.Response(status=200) if request.app[_ENGINE].alive else web.Response(status=503)
 
 
 def build_app(engine: Engine, server_args: dict[str, Any] | None = None) -> web.Application:
@@ -272,4 +339,9 @@ def build_app(engine: Engine, server_args: dict[str, Any] | None = None) -> web.
     app.router.add_get(path, server_info)
   app.router.add_get("/v1/loads", loads)
   app.router.add_get("/get_weight_version", weight_version)
+  app.router.add_post("/update_weight_version", update_weight_version)
+  app.router.add_get("/get_load", get_load)
+  app.router.add_get("/v1/models", models)
+  app.router.add_get("/ready", ready)
+  app.router.add_get("/ping", ping)
   return app

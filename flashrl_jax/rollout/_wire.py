@@ -13,7 +13,7 @@ import uuid
 from typing import Any, Callable, Sequence
 
 from flashrl_jax.fleet import FinishKind, FinishReason
-from flashrl_jax.rollout._request import Output
+from flashrl_jax.rollout._request import LogprobOptions, Output
 from flashrl_jax.rollout._sampling import Sampling
 
 
@@ -29,15 +29,35 @@ class GenerateItem:
   sampling: Sampling
   rid: str
   group: str | None
+  return_logprob: bool = False
+  logprobs: LogprobOptions = LogprobOptions()
 
 
 @dataclasses.dataclass(frozen=True)
 class GenerateJob:
   items: list[GenerateItem]  # prompt-major: all samples of prompt 0, then prompt 1, ...
   batch: bool  # answer with a JSON list (a batch input, or n > 1)
-  return_logprob: bool
   return_text_in_logprobs: bool
   stream: bool
+  return_prompt_token_ids: bool = False
+
+
+# Top-level `/generate` keys of SGLang's request that this server does not implement, each with the
+# test for its neutral value (accepted, changes nothing). Any other value asks for behaviour this
+# server cannot give (hidden states, LoRA, images, disaggregated KV transfer, ...): HTTP 400 naming
+# the key. Keys SGLang does not define are ignored, as SGLang ignores them.
+_NEUTRAL_REQUEST = {
+    "token_ids_logprob": lambda v: v == [], "return_hidden_states": lambda v: v is False,
+    "return_routed_experts": lambda v: v is False, "return_entropy": lambda v: v is False,
+    "input_embeds": lambda v: False, "image_data": lambda v: v == [], "video_data": lambda v: v == [],
+    "audio_data": lambda v: v == [], "lora_path": lambda v: False, "lora_id": lambda v: False,
+    "custom_logit_processor": lambda v: False, "session_params": lambda v: False,
+    "bootstrap_host": lambda v: False, "bootstrap_port": lambda v: False,
+    "bootstrap_room": lambda v: False, "bootstrap_pair_key": lambda v: False,
+    "decode_tp_size": lambda v: False,
+    # One data-parallel rank here: rank 0 is this server.
+    "routed_dp_rank": lambda v: v == 0, "data_parallel_rank": lambda v: v == 0,
+}
 
 
 def _is_int(x: Any) -> bool:
@@ -51,6 +71,32 @@ def _flag(body: dict, key: str, default: bool = False) -> bool:
   if not isinstance(value, bool):
     raise BadRequest(f"{key} must be a boolean, got {value!r}.")
   return value
+
+
+def _per_prompt(body: dict, key: str, n: int, batch: bool, default: Any, check) -> list[Any]:
+  """A field SGLang takes as one value or (for a batch) one per prompt, as a list of n values."""
+  value = body.get(key)
+  if value is None:
+    return [default] * n
+  if isinstance(value, list):
+    if not batch or len(value) != n:
+      raise BadRequest(f"{key} must be one value, or for a batch a list with one per prompt "
+                       f"({n}), got {value!r:.100}.")
+    values = [default if v is None else v for v in value]
+  else:
+    values = [value] * n
+  for v in values:
+    if not check(v):
+      raise BadRequest(f"{key} has an invalid value {v!r:.100}.")
+  return values
+
+
+def _refuse_unsupported(body: dict) -> None:
+  for key, neutral in _NEUTRAL_REQUEST.items():
+    value = body.get(key)
+    if value is not None and not neutral(value):
+      raise BadRequest(f"{key}={value!r:.100} is not supported by this server (only a null or "
+                       "neutral value is).")
 
 
 def _prompts(body: dict, encode: Callable[[str], list[int]] | None) -> tuple[list[list[int]], bool]:
@@ -74,10 +120,12 @@ def _prompts(body: dict, encode: Callable[[str], list[int]] | None) -> tuple[lis
 
 
 def parse_generate(body: Any, *, encode: Callable[[str], list[int]] | None,
-                   validate: Callable[[list[int], Sampling], None]) -> GenerateJob:
+                   validate: Callable[[list[int], Sampling, LogprobOptions], None]
+                   ) -> GenerateJob:
   """Turns a `/generate` body into samples; raises BadRequest for anything the engine can't serve."""
   if not isinstance(body, dict):
     raise BadRequest("the request body must be a JSON object.")
+  _refuse_unsupported(body)
   prompts, batch = _prompts(body, encode)
   raw = body.get("sampling_params")
   if isinstance(raw, list):
@@ -102,30 +150,30 @@ def parse_generate(body: Any, *, encode: Callable[[str], list[int]] | None,
     raise BadRequest("every rid must be a string.")
   if len(set(r for r in rids if r is not None)) < sum(r is not None for r in rids):
     raise BadRequest("rids within a batch must be distinct.")
-  return_logprob = _flag(body, "return_logprob")
-  start = body.get("logprob_start_len", -1)
-  if return_logprob and start is not None and (not _is_int(start) or start >= 0):
-    raise BadRequest("input_token_logprobs (logprob_start_len >= 0) are not supported by this "
-                     "server; use logprob_start_len=-1.")
-  top = body.get("top_logprobs_num", 0)
-  if top not in (0, None):
-    raise BadRequest("top_logprobs_num > 0 is not supported by this server.")
+  n = len(prompts)
+  return_logprob = _per_prompt(body, "return_logprob", n, batch, False,
+                               lambda v: isinstance(v, bool))
+  starts = _per_prompt(body, "logprob_start_len", n, batch, -1, _is_int)
+  tops = _per_prompt(body, "top_logprobs_num", n, batch, 0, _is_int)
   items = []
-  for prompt, sampling, rid in zip(prompts, samplings, rids):
+  for prompt, sampling, rid, want, start, top in zip(prompts, samplings, rids, return_logprob,
+                                                     starts, tops):
     try:
-      validate(prompt, sampling)
+      # As in SGLang, logprob_start_len and top_logprobs_num only matter with return_logprob.
+      options = LogprobOptions(input_start=start, top_n=top) if want else LogprobOptions()
+      validate(prompt, sampling, options)
     except ValueError as e:
       raise BadRequest(str(e)) from None
     if sampling.n == 1:
-      items.append(GenerateItem(prompt, sampling, rid or uuid.uuid4().hex, None))
+      items.append(GenerateItem(prompt, sampling, rid or uuid.uuid4().hex, None, want, options))
     else:
       group = rid or uuid.uuid4().hex
-      items += [GenerateItem(prompt, sampling, uuid.uuid4().hex, group)
+      items += [GenerateItem(prompt, sampling, uuid.uuid4().hex, group, want, options)
                 for _ in range(sampling.n)]
   return GenerateJob(items=items, batch=batch or len(items) > 1,
-                     return_logprob=return_logprob,
                      return_text_in_logprobs=_flag(body, "return_text_in_logprobs"),
-                     stream=_flag(body, "stream"))
+                     stream=_flag(body, "stream"),
+                     return_prompt_token_ids=_flag(body, "return_prompt_token_ids"))
 
 
 def _text(out: Output, sampling: Sampling,
@@ -165,15 +213,28 @@ def output_json(out: Output, item: GenerateItem, job: GenerateJob,
                           for s in out.versions],
       "e2e_latency": out.latency_s,
   }
-  if job.return_logprob:
+  if item.return_logprob:
     with_text = job.return_text_in_logprobs and decode is not None
-    meta["output_token_logprobs"] = [
-        [lp, tok, decode([tok], False) if with_text else None]
-        for lp, tok in zip(out.logprobs, out.output_ids)]
+    text = (lambda tok: decode([tok], False)) if with_text else (lambda tok: None)
+    entry = lambda lp, tok: [lp, tok, text(tok)]
+    meta["output_token_logprobs"] = [entry(lp, tok) for lp, tok in zip(out.logprobs,
+                                                                        out.output_ids)]
+    start = item.logprobs.input_start
+    if start >= 0 and out.input_logprobs is not None:
+      meta["input_token_logprobs"] = [entry(lp, tok) for lp, tok in zip(out.input_logprobs,
+                                                                         out.prompt_ids[start:])]
+    if item.logprobs.top_n:
+      # SGLang's rows: None where a position has no candidates (the first prompt position).
+      rows = lambda tops: [[entry(lp, tok) for tok, lp in row] if row else None for row in tops]
+      meta["output_top_logprobs"] = rows(out.output_top)
+      if start >= 0 and out.input_logprobs is not None:
+        meta["input_top_logprobs"] = rows(out.input_top)
   result: dict[str, Any] = {}
   if decode is not None:
     result["text"] = _text(out, item.sampling, decode)
   result["output_ids"] = list(out.output_ids)
+  if job.return_prompt_token_ids:
+    result["prompt_token_ids"] = list(out.prompt_ids)
   result["meta_info"] = meta
   if index is not None:
     result["index"] = index

@@ -25,6 +25,8 @@ from flashrl_jax.rollout._server import build_app
 _MODEL_PATH = flags.DEFINE_string("model_path", None, "HF checkpoint directory (safetensors).")
 _TOKENIZER_PATH = flags.DEFINE_string("tokenizer_path", None,
                                       "Directory with tokenizer.json (default: model_path).")
+_SERVED_NAME = flags.DEFINE_string("served_model_name", None,
+                                   "Model name for the OpenAI API (default: model_path).")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to bind.")
 _PORT = flags.DEFINE_integer("port", 30000, "Port to bind (0: pick a free one, printed).")
 _MAX_RUNNING = flags.DEFINE_integer("max_running_requests", 8, "Decode slots.")
@@ -83,6 +85,7 @@ def main(argv) -> None:
   if _WARMUP.value:
     engine.warmup().result()
   args = {"model_path": config.model_path, "tokenizer_path": config.tokenizer_path,
+          "served_model_name": _SERVED_NAME.value or config.model_path,
           "host": _HOST.value, "port": _PORT.value, "weight_version": config.weight_version,
           "seed": config.seed, "prefill_token_budget": config.prefill_token_budget}
   try:

@@ -1,0 +1,32 @@
+"""Real rollout servers for the API tests: an HF-made tiny model served by our JAX server.
+
+The checkpoint is written by `transformers` itself (`save_pretrained`), so the same directory also
+loads into HF for float64 reference log-probs, and it carries the project's character tokenizer with
+its chat template, as the demo model does.
+"""
+
+from __future__ import annotations
+
+import os
+
+from flashrl_jax.fleet import LocalServers
+from flashrl_jax.model import char_tokenizer
+from tests.hf_helpers import make_hf_model
+
+
+def write_hf_checkpoint(path: str, *, seed: int = 0):
+  """A random tiny Qwen3 written by transformers, plus tokenizer files; returns the HF model."""
+  model = make_hf_model("qwen3", seed=seed)
+  tokenizer = char_tokenizer()
+  model.config.eos_token_id = tokenizer.eos_token_id
+  model.config.bos_token_id = tokenizer.bos_token_id
+  model.save_pretrained(path, safe_serialization=True)
+  tokenizer.save(path)
+  return model
+
+
+def start_servers(model_path: str, num: int = 1, *extra: str) -> LocalServers:
+  """`num` real server processes (pinned to no core: the tests share two)."""
+  return LocalServers.start(model_path, num, extra_args=("--max_running_requests=4",
+                                                         "--max_prefill_batch=2", *extra),
+                            env=dict(os.environ, JAX_PLATFORMS="cpu"), startup_timeout_s=300)
