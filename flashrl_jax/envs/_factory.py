@@ -56,7 +56,7 @@ def make_async_env(config: EnvConfig, seed: int = 0) -> AsyncEnv:
 class RewardKind(enum.Enum):
   MATH = "math"              # boxed / "answer is" / last number vs `answer`, 0/1
   EXACT_MATCH = "exact"      # whitespace-normalised string equality (synthetic tasks)
-  CODE = "code"              # sandboxed execution of `tests`, 0/1
+  CODE = "code"              # the response's function run in the sandbox, judged against `tests`, 0/1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,12 +69,19 @@ class RewardConfig:
 
 def make_reward_fn(config: RewardConfig,
                    executor: concurrent.futures.Executor | None = None) -> AsyncRewardFn:
-  """An awaitable reward. Sync rewards run on `executor` (pass a process pool for CPU-heavy math)."""
+  """An awaitable reward. Sync rewards run on `executor` (pass a process pool for CPU-heavy math).
+
+  CODE probes the sandbox (`Sandbox.check`): raises `SandboxUnavailable` when it would refuse.
+  """
   if config.kind is RewardKind.MATH:
     return PooledReward(MathReward(config.verifier), executor)
   if config.kind is RewardKind.EXACT_MATCH:
     return PooledReward(ExactMatchReward(), executor)
   if config.kind is RewardKind.CODE:
     adaptive = AdaptiveTimeout(config.adaptive_timeout) if config.adaptive_timeout else None
-    return CodeReward(Sandbox(config.sandbox), adaptive)
+    sandbox = Sandbox(config.sandbox)
+    # One probe now: weak isolation is logged loudly at start, and a machine that cannot isolate
+    # code (without the opt-in) fails here rather than at the first sample.
+    sandbox.check()
+    return CodeReward(sandbox, adaptive)
   raise ValueError(f"unknown reward kind {config.kind}")

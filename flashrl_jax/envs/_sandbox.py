@@ -1,35 +1,32 @@
-"""Run untrusted, model-written Python against tests, many at once, without blocking the event loop.
+"""Run untrusted, model-written Python under limits, many at once, without blocking the event loop.
 
-Threat model. The code comes from a policy being trained, so we expect accidents and reward hacks
-(infinite loops, huge allocations, fork loops, `sys.exit(0)` before the tests, writing files,
-calling the network), not a skilled attacker with a kernel exploit.
+The code comes from a policy being trained, so everything it does is adversarial: the policy is
+optimised against whatever the reward measures, flaws included. The full threat model, line by
+line with the test that proves each line, is `docs/sandbox.md`; in short:
 
-Protected against:
-  * Runaway time: a wall-clock limit per run (the whole process group is SIGKILLed) plus
-    `RLIMIT_CPU` as a backstop.
-  * Memory bombs: `RLIMIT_AS` (the allocation fails with MemoryError; reported as MEMORY_LIMIT).
-  * Fork bombs: as root the code runs under a fresh unprivileged uid per run, so `RLIMIT_NPROC`
-    (which does not bind root) caps its process count; in namespace mode it is PID 1's subtree of
-    a new PID namespace, so every descendant dies with it, even ones that called `setsid`.
-  * Network: a new, empty network namespace (not even loopback is up) when we are root and the
-    kernel allows `unshare`; otherwise the *fallback* replaces Python's socket API with one that
-    raises. The fallback is best effort only: ctypes, raw syscalls or `os.system("curl ...")` can
-    bypass it. `SandboxResult.isolation` says which mode ran.
-  * Files: in namespace mode the code runs in a private mount namespace with fresh size-capped
-    tmpfs over /tmp, /var/tmp and /dev/shm (its working dir is one of them), so nothing it writes
-    there survives; as a non-root uid it cannot write anywhere else that is not world-writable.
-    `RLIMIT_FSIZE` caps any single file. The host-side scratch dir is always removed.
-  * Fake passes: success needs exit code 0 *and* a per-run random nonce written by the launcher
-    after the tests returned, so `sys.exit(0)` / `os._exit(0)` in the solution do not pass.
-  * Leaks: the environment is scrubbed (minimal PATH, no HOME or tokens inherited), stdin is
-    empty, stdout/stderr are capped (excess is drained and dropped), `-I -S` ignores PYTHON* vars,
-    the cwd and site-packages. PR_SET_NO_NEW_PRIVS blocks regaining root through setuid binaries.
+* The verdict is not here. A run returns what the program produced; a code reward's tests and
+  expected answers stay in the controller (`_code_grader.py`) and never enter the sandbox. The
+  program's answers cross the process boundary as JSON on a pipe and are compared as plain data,
+  so no object, exit code, printed marker or tampered harness of the program can pass a test.
+* Isolation, by mode (`SandboxResult.isolation`):
+    ROOT_NAMESPACES  controller is root: new pid/mount/net/ipc/uts namespaces, a minimal chroot
+                     (read-only system + Python dirs, private tmpfs /tmp), a fresh uid per run.
+    USER_NAMESPACES  controller is not root, kernel allows unprivileged user namespaces: the same
+                     namespaces and chroot, the code runs as an unmapped user of a nested user
+                     namespace. It cannot name (so not signal) any process outside its PID
+                     namespace, and sees none of the controller's files.
+    ROOT_UID         root, no namespaces (unshare refused): a fresh uid only. Python's socket API
+                     is blocked (bypassable), the host filesystem is visible (read: world-readable
+                     files; write: world-writable dirs).
+    NONE             not root and no user namespaces: the code would run as the controller's own
+                     user, able to signal the trainer and write its files. Refused (status REFUSED)
+                     unless `SandboxConfig.allow_unisolated`; warned about loudly either way.
+* Limits in every mode: wall clock (process group and PID namespace SIGKILLed), RLIMIT_AS,
+  RLIMIT_CPU, RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, capped stdout/stderr/results, a scrubbed
+  environment, empty stdin, no_new_privs.
 
-Not protected against: kernel or interpreter exploits; reading world-readable host files (the
-filesystem is not chrooted); in fallback mode, network access that bypasses Python's socket
-module, world-writable dirs outside /tmp, and (when not root) fork bombs racing the per-uid
-`RLIMIT_NPROC`, which then counts all of the user's processes; a determined adversary reading the
-nonce out of interpreter memory. Use a VM or gVisor for adversarial code.
+Not protected against: kernel or interpreter exploits (use a VM or gVisor for those), and the
+weaker modes' gaps above.
 """
 
 from __future__ import annotations
@@ -39,35 +36,68 @@ import dataclasses
 import enum
 import itertools
 import json
+import logging
 import math
 import os
 import pathlib
-import secrets
 import shutil
 import signal
 import sys
 import tempfile
+from typing import Any, Sequence
+
+log = logging.getLogger(__name__)
 
 _LAUNCHER = str(pathlib.Path(__file__).with_name("_sandbox_launcher.py"))
 _UID_BASE = 100_000  # fresh uids (no passwd entry needed) so RLIMIT_NPROC counts only this run
-_EXIT_MEMORY, _EXIT_SETUP = 3, 4
-_TAIL = 4096
+_EXIT_MEMORY, _EXIT_SETUP, _EXIT_REFUSED = 3, 4, 5
 _RUN_COUNTER = itertools.count()  # process-wide, so two Sandbox objects never share a uid
 
 
 class Isolation(enum.Enum):
+  """What the caller asks for."""
   AUTO = "auto"              # namespaces when possible, else the documented fallback
   NAMESPACES = "namespaces"  # require namespaces (SETUP_ERROR when unavailable)
   FALLBACK = "fallback"      # never use namespaces (to test the fallback, or for nested sandboxes)
 
 
+class IsolationMode(enum.Enum):
+  """What a run actually got (see the module docstring)."""
+  ROOT_NAMESPACES = "root_namespaces"
+  USER_NAMESPACES = "user_namespaces"
+  ROOT_UID = "root_uid"
+  NONE = "none"
+
+  @property
+  def isolated(self) -> bool:
+    return self in (IsolationMode.ROOT_NAMESPACES, IsolationMode.USER_NAMESPACES)
+
+
+WARNINGS = {
+    IsolationMode.ROOT_UID: (
+        "sandbox without namespaces: code runs under a fresh uid but sees the host filesystem "
+        "(reads world-readable files, writes world-writable dirs) and can reach the network "
+        "through raw syscalls or subprocesses"),
+    IsolationMode.NONE: (
+        "UNISOLATED sandbox: not root and no user namespaces, so code under test runs as the "
+        "controller's own user and can signal the trainer, read its memory and overwrite its "
+        "files and checkpoints"),
+}
+
+
 class SandboxStatus(enum.Enum):
-  PASSED = "passed"
-  FAILED = "failed"              # the code or the tests raised / exited without the nonce
+  """How the sandboxed process ended. Whether it was *correct* is the grader's business."""
+  COMPLETED = "completed"        # the runner reported and exited 0
+  FAILED = "failed"              # the program raised, or the process exited non-zero
   TIMEOUT = "timeout"            # wall-clock or CPU limit
   MEMORY_LIMIT = "memory_limit"
   KILLED = "killed"              # another signal (e.g. file size limit)
   SETUP_ERROR = "setup_error"    # the sandbox could not be created
+  REFUSED = "refused"            # no isolation available and `allow_unisolated` not set
+
+
+class SandboxUnavailable(RuntimeError):
+  """This machine cannot isolate untrusted code and the config did not opt in to running it anyway."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,11 +106,13 @@ class SandboxConfig:
   memory_mb: int = 512
   cpu_s: int | None = None          # None: ceil(timeout) + 1
   max_processes: int = 16           # RLIMIT_NPROC (threads count too)
-  max_output_bytes: int = 64 << 10  # per stream, kept from the start
+  max_output_bytes: int = 64 << 10  # per stream (stdout, stderr), kept from the start
+  max_result_bytes: int = 1 << 20   # the runner's JSON report
   max_file_bytes: int = 16 << 20    # RLIMIT_FSIZE
-  scratch_mb: int = 64              # size of each private tmpfs (namespace mode)
+  scratch_mb: int = 64              # size of the private /tmp (namespace modes)
   max_open_files: int = 64
   isolation: Isolation = Isolation.AUTO
+  allow_unisolated: bool = False    # run code as our own user when nothing better exists
   max_concurrency: int = 8          # runs in flight per Sandbox; the rest wait (not timed)
   python: str = sys.executable
 
@@ -99,29 +131,33 @@ class SandboxResult:
   stderr: str
   elapsed_s: float
   timeout_s: float
-  isolation: str  # "namespaces", "fallback", or "" if the launcher never reported
+  isolation: IsolationMode | None  # None: the launcher never reported (setup failed or refused)
+  warning: str = ""                # non-empty when the isolation was weaker than namespaces
+  # The runner's report: one {"value": v} or {"error": msg} per call, or None if none arrived.
+  results: tuple[dict[str, Any], ...] | None = None
+  results_error: str = ""          # why `results` is None although calls were made
 
-  @property
-  def passed(self) -> bool:
-    return self.status is SandboxStatus.PASSED
 
-
-async def _read_capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, bytes]:
-  """(first `cap` bytes, last few KiB); keeps draining so a chatty child never blocks on a full pipe."""
-  head, tail = bytearray(), b""
+async def _read_capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, bool]:
+  """(first `cap` bytes, whether more came); keeps draining so a chatty child never blocks."""
+  head, total = bytearray(), 0
   while chunk := await stream.read(1 << 16):
+    total += len(chunk)
     if len(head) < cap:
       head += chunk[:cap - len(head)]
-    tail = (tail + chunk)[-_TAIL:]
-  return bytes(head), tail
+  return bytes(head), total > cap
+
+
+async def _pipe_reader(fd: int) -> asyncio.StreamReader:
+  loop = asyncio.get_running_loop()
+  reader = asyncio.StreamReader(limit=1 << 16)
+  await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
+  return reader
 
 
 def _live_pids_of_uid(uid: int) -> list[int]:
-  """Live (non-zombie) processes whose real uid is `uid`.
-
-  Reads /proc/<pid>/status rather than the owner of /proc/<pid>: after setuid a process is not
-  dumpable and its /proc entry is owned by root.
-  """
+  """Live (non-zombie) processes whose real uid is `uid` (from /proc/<pid>/status: after setuid a
+  process is not dumpable and its /proc entry is owned by root)."""
   pids = []
   for entry in os.scandir("/proc"):
     if not entry.name.isdigit():
@@ -137,7 +173,7 @@ def _live_pids_of_uid(uid: int) -> list[int]:
 
 
 def _kill_uid(uid: int) -> None:
-  """SIGKILL every process of a sandbox uid (fallback mode: stragglers that left our process group)."""
+  """SIGKILL every process of a sandbox uid (ROOT_UID mode: stragglers that left our group)."""
   for _ in range(5):  # a forking straggler may spawn between scans
     pids = _live_pids_of_uid(uid)
     if not pids:
@@ -156,11 +192,11 @@ def _killpg(pid: int) -> None:
     pass
 
 
-def _classify(returncode: int, timed_out: bool, ok_nonce: bool) -> SandboxStatus:
+def _classify(returncode: int, timed_out: bool) -> SandboxStatus:
   if timed_out:
     return SandboxStatus.TIMEOUT
-  if returncode == 0 and ok_nonce:
-    return SandboxStatus.PASSED
+  if returncode == 0:
+    return SandboxStatus.COMPLETED
   sig = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else 0
   if sig == signal.SIGXCPU:
     return SandboxStatus.TIMEOUT
@@ -168,15 +204,45 @@ def _classify(returncode: int, timed_out: bool, ok_nonce: bool) -> SandboxStatus
     return SandboxStatus.MEMORY_LIMIT
   if returncode == _EXIT_SETUP:
     return SandboxStatus.SETUP_ERROR
+  if returncode == _EXIT_REFUSED:
+    return SandboxStatus.REFUSED
   return SandboxStatus.KILLED if sig else SandboxStatus.FAILED
 
 
+def _parse_report(raw: bytes, truncated: bool) -> tuple[IsolationMode | None, Any, str]:
+  """(isolation, results, error) from the results pipe: the launcher's line, then the runner's.
+
+  The first line is the launcher's, written before any untrusted code existed; everything after it
+  may come from the program and is parsed as plain data only (no pickle, no eval).
+  """
+  first, _, rest = raw.partition(b"\n")
+  try:
+    mode = IsolationMode(json.loads(first)["isolation"])
+  except (ValueError, KeyError, TypeError):
+    mode = None
+  if truncated:
+    return mode, None, "report larger than max_result_bytes"
+  lines = [line for line in rest.split(b"\n") if line.strip()]
+  if not lines:
+    return mode, None, "no report (the program exited or was killed before the runner reported)"
+  try:
+    doc = json.loads(lines[-1])
+    results = doc["results"]
+    if results is not None and not (isinstance(results, list)
+                                    and all(isinstance(r, dict) for r in results)):
+      raise TypeError("results is not a list of objects")
+  except (ValueError, KeyError, TypeError, RecursionError) as error:
+    return mode, None, f"malformed report: {type(error).__name__}"
+  return mode, None if results is None else tuple(results), ""
+
+
 class Sandbox:
-  """Runs code + tests in isolated subprocesses; `await run(...)` many of them concurrently."""
+  """Runs programs in isolated subprocesses; `await run(...)` many of them concurrently."""
 
   def __init__(self, config: SandboxConfig = SandboxConfig()):
     self.config = config
     self._sem: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+    self._warned = False
 
   def _semaphore(self) -> asyncio.Semaphore:
     loop = asyncio.get_running_loop()
@@ -189,50 +255,69 @@ class Sandbox:
       return None
     return _UID_BASE + (os.getpid() % 256) * 256 + next(_RUN_COUNTER) % 256
 
-  def _nproc_limit(self, uid: int | None) -> int:
-    if uid is not None:
-      return self.config.max_processes
-    # Not root: RLIMIT_NPROC counts all of our uid's processes, so allow what already runs.
-    mine = sum(1 for e in os.scandir("/proc") if e.name.isdigit() and _owned(e.path))
-    return mine + self.config.max_processes
+  def check(self) -> IsolationMode:
+    """Probes the isolation this machine gives (one tiny run), says so loudly if it is weak, and
+    raises `SandboxUnavailable` if untrusted code would be refused. Call once at start."""
+    result = self.run_sync("pass")
+    if result.status is SandboxStatus.REFUSED:
+      raise SandboxUnavailable(
+          f"{WARNINGS[IsolationMode.NONE]}. Run the controller as root, enable unprivileged user "
+          "namespaces (kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0), or set "
+          f"SandboxConfig(allow_unisolated=True) to accept the risk. ({result.stderr.strip()})")
+    if result.isolation is None:
+      raise SandboxUnavailable(f"sandbox setup failed: {result.stderr.strip()[-500:]}")
+    return result.isolation
 
-  async def run(self, code: str, tests: str | None = None, *,
+  async def run(self, code: str, *, entry: str | None = None,
+                calls: Sequence[tuple[Sequence[Any], dict[str, Any]]] = (),
                 timeout_s: float | None = None) -> SandboxResult:
+    """Runs `code`; with `entry`, then calls `entry(*args, **kwargs)` for each of `calls` (plain
+    JSON data) and returns what each call produced in `SandboxResult.results`."""
+    job = {"code": code, "entry": entry, "calls": [[list(a), dict(k)] for a, k in calls]}
+    json.dumps(job)  # plain data only: fail here, in the caller, not in the sandbox
     async with self._semaphore():
-      return await self._run(code, tests, timeout_s or self.config.timeout_s)
+      result = await self._run(job, timeout_s or self.config.timeout_s)
+    if result.warning and not self._warned:
+      self._warned = True
+      log.warning("%s", result.warning)
+    return result
 
-  def run_sync(self, code: str, tests: str | None = None, *,
-               timeout_s: float | None = None) -> SandboxResult:
+  def run_sync(self, code: str, **kwargs) -> SandboxResult:
     """Blocking convenience for scripts; never call it from inside a running event loop."""
-    return asyncio.run(self.run(code, tests, timeout_s=timeout_s))
+    return asyncio.run(self.run(code, **kwargs))
 
-  async def _run(self, code: str, tests: str | None, timeout_s: float) -> SandboxResult:
+  async def _run(self, job: dict, timeout_s: float) -> SandboxResult:
     cfg = self.config
-    nonce = secrets.token_hex(16)
     uid = self._next_uid()
-    spec = {"code": code, "tests": tests, "nonce": nonce, "uid": uid,
-            "isolation": cfg.isolation.value,
-            "limits": {"memory_mb": cfg.memory_mb, "cpu_s": cfg.cpu_s or math.ceil(timeout_s) + 1,
-                       "file_bytes": cfg.max_file_bytes, "nproc": self._nproc_limit(uid),
-                       "nofile": cfg.max_open_files, "scratch_mb": cfg.scratch_mb}}
+    read_fd, write_fd = os.pipe()
+    spec = dict(job, uid=uid, isolation=cfg.isolation.value, allow_unisolated=cfg.allow_unisolated,
+                results_fd=write_fd,
+                limits={"memory_mb": cfg.memory_mb, "cpu_s": cfg.cpu_s or math.ceil(timeout_s) + 1,
+                        "file_bytes": cfg.max_file_bytes, "nproc": cfg.max_processes,
+                        "nofile": cfg.max_open_files, "scratch_mb": cfg.scratch_mb})
     host_dir = tempfile.mkdtemp(prefix="flashrl_sandbox_")
-    # The code's cwd is a subdir: `../x` then hits our root-owned dir, not the world-writable /tmp.
+    # Namespace modes mount the sandbox's root over `work`; the fallback runs the code in it.
     work_dir = os.path.join(host_dir, "work")
     os.mkdir(work_dir)
     proc = None
     try:
       if uid is not None:
         os.chmod(host_dir, 0o755)
-        os.chown(work_dir, uid, uid)  # the fallback runs the code here, as that uid
+        os.chown(work_dir, uid, uid)
       env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
       loop = asyncio.get_running_loop()
+      results_reader = await _pipe_reader(read_fd)
       start = loop.time()
-      proc = await asyncio.create_subprocess_exec(
-          cfg.python, "-I", "-S", "-B", _LAUNCHER, stdin=asyncio.subprocess.PIPE,
-          stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=work_dir, env=env,
-          start_new_session=True)  # own process group, so one killpg reaches every descendant
-      readers = [asyncio.ensure_future(_read_capped(s, cfg.max_output_bytes))
-                 for s in (proc.stdout, proc.stderr)]
+      try:
+        proc = await asyncio.create_subprocess_exec(
+            cfg.python, "-I", "-S", "-B", _LAUNCHER, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=work_dir, env=env,
+            pass_fds=(write_fd,), start_new_session=True)  # own group: one killpg reaches all
+      finally:
+        os.close(write_fd)  # only the sandbox may hold the write end, so EOF means it is gone
+      readers = [asyncio.ensure_future(_read_capped(s, cap)) for s, cap in (
+          (proc.stdout, cfg.max_output_bytes), (proc.stderr, cfg.max_output_bytes),
+          (results_reader, cfg.max_result_bytes))]
       timed_out = False
       try:
         await asyncio.wait_for(_feed_and_wait(proc, json.dumps(spec).encode()), timeout_s)
@@ -241,23 +326,25 @@ class Sandbox:
         _killpg(proc.pid)
         await proc.wait()
       elapsed = loop.time() - start
-      _killpg(proc.pid)  # stragglers still in the group (fallback mode)
+      _killpg(proc.pid)  # stragglers still in the group (fallback modes)
       if uid is not None:
         await asyncio.to_thread(_kill_uid, uid)
       done, pending = await asyncio.wait(readers, timeout=2.0)
-      for task in pending:  # a straggler that escaped every kill still holds the pipe
+      for task in pending:  # a straggler that escaped every kill still holds a pipe
         task.cancel()
-      (out, out_tail), (err, _) = [t.result() if t in done else (b"", b"") for t in readers]
+      (out, _), (err, _), (raw, raw_more) = [
+          t.result() if t in done else (b"", False) for t in readers]
     finally:
-      if proc is not None and proc.returncode is None:  # cancelled by the caller: leave nothing behind
+      if proc is not None and proc.returncode is None:  # cancelled by the caller: leave nothing
         _killpg(proc.pid)
       shutil.rmtree(host_dir, ignore_errors=True)
-    stdout, mode = _strip_protocol(out.decode("utf-8", "replace"), nonce)
-    ok_nonce = out_tail.decode("utf-8", "replace").rstrip().endswith(nonce)
-    status = _classify(proc.returncode, timed_out, ok_nonce)
-    return SandboxResult(status=status, returncode=proc.returncode, stdout=stdout,
-                         stderr=err.decode("utf-8", "replace"), elapsed_s=elapsed,
-                         timeout_s=timeout_s, isolation=mode)
+    mode, results, results_error = _parse_report(raw, raw_more)
+    return SandboxResult(
+        status=_classify(proc.returncode, timed_out), returncode=proc.returncode,
+        stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
+        elapsed_s=elapsed, timeout_s=timeout_s, isolation=mode,
+        warning=WARNINGS.get(mode, ""), results=results,
+        results_error=results_error if job["entry"] else "")
 
 
 async def _feed_and_wait(proc: asyncio.subprocess.Process, spec: bytes) -> int:
@@ -268,22 +355,3 @@ async def _feed_and_wait(proc: asyncio.subprocess.Process, spec: bytes) -> int:
   except (BrokenPipeError, ConnectionResetError):
     pass  # the launcher died before reading; its exit status says why
   return await proc.wait()
-
-
-def _owned(path: str) -> bool:
-  try:
-    return os.stat(path).st_uid == os.geteuid()
-  except OSError:
-    return False
-
-
-def _strip_protocol(stdout: str, nonce: str) -> tuple[str, str]:
-  """Removes the launcher's mode line and success line; returns (user stdout, isolation mode)."""
-  mode = ""
-  first, _, rest = stdout.partition("\n")
-  if first.startswith(nonce + ":"):
-    mode, stdout = first[len(nonce) + 1:], rest
-  trailer = f"\n{nonce}\n"
-  if stdout.endswith(trailer):
-    stdout = stdout[:-len(trailer)]
-  return stdout, mode

@@ -2,14 +2,19 @@
 
 Why a separate script instead of `preexec_fn`: the parent is a multi-threaded JAX process, and
 running Python between fork and exec there can deadlock. Here the isolation is set up in a fresh,
-single-threaded interpreter, so it may take its time: read the JSON spec from stdin, enter new
-network/mount/PID namespaces when allowed, set resource limits, drop privileges, and only then
-`exec` the untrusted code. See `_sandbox.py` for the threat model. Standard library only, so it
-works under `-I -S` from any working directory.
+single-threaded interpreter, so it may take its time. The threat model is in `_sandbox.py`.
 
-Protocol: the first stdout line is `<nonce>:<mode>`; on success the last one is `<nonce>`. Exit
-codes: 0 success, 1 the code or its tests raised,
-3 MemoryError, 4 the sandbox itself could not be set up, 128+N killed by signal N (PID-ns mode).
+Steps: read the JSON spec from stdin; enter new namespaces (as root directly; otherwise through an
+unprivileged user namespace); report the isolation that holds on the results fd (fd 3), before any
+untrusted code exists; fork PID 1 of the new PID namespace; build a minimal root (read-only system
+and Python dirs, private /tmp, a few device nodes, a fresh /proc) and chroot into it; become an
+unprivileged user (a fresh uid as root; an unmapped user in a nested user namespace otherwise); set
+resource limits; exec a fresh interpreter on `_sandbox_runner.py`. Without namespaces the runner
+runs in this interpreter after the same limits and (as root) the same uid drop.
+
+Exit codes: the runner's (0 reported, 1 the program raised, 3 MemoryError), 4 the sandbox could
+not be set up, 5 refused (no isolation and no opt-in), 128+N the namespace's PID 1 was killed by N.
+Standard library only, so it works under `-I -S` from any working directory.
 """
 
 import ctypes
@@ -20,19 +25,34 @@ import signal
 import sys
 import traceback
 
-CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
-EXIT_RAISED, EXIT_MEMORY, EXIT_SETUP = 1, 3, 4
+EXIT_SETUP, EXIT_REFUSED = 4, 5
+RESULTS_FD = 3
+# Mount flags the kernel locks on mounts inherited by a user namespace: a read-only remount must
+# repeat them, or it fails with EPERM.
+_LOCKED_FLAGS = {os.ST_NOSUID: MS_NOSUID, os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NOEXEC,
+                 os.ST_NOATIME: MS_NOATIME, os.ST_NODIRATIME: MS_NODIRATIME,
+                 os.ST_RELATIME: MS_RELATIME}
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+_DEVICES = ("null", "zero", "full", "random", "urandom")
+
+
+class SetupError(Exception):
+  pass
 
 
 def _libc():
   return ctypes.CDLL(None, use_errno=True)
 
 
-def _enter_namespaces(libc) -> bool:
-  """New net+mount+pid namespaces; False when the kernel or our privileges do not allow it."""
-  return os.geteuid() == 0 and libc.unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID) == 0
+def _check(ok: bool, what: str) -> None:
+  if not ok:
+    errno = ctypes.get_errno()
+    raise SetupError(f"{what}: {os.strerror(errno)} (errno {errno})")
 
 
 def _mount(libc, source, target, fstype, flags, data=None) -> bool:
@@ -40,18 +60,88 @@ def _mount(libc, source, target, fstype, flags, data=None) -> bool:
   return libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) == 0
 
 
-def _private_tmp(libc, scratch_mb: int) -> str:
-  """Fresh tmpfs over the world-writable dirs, so nothing written there outlives the run."""
-  if not _mount(libc, None, "/", None, MS_REC | MS_PRIVATE):
-    raise OSError(ctypes.get_errno(), "make / private")
-  for path in ("/tmp", "/var/tmp", "/dev/shm"):
-    if os.path.isdir(path) and not _mount(libc, "tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV,
-                                          f"size={scratch_mb}m,mode=1777"):
-      raise OSError(ctypes.get_errno(), f"tmpfs on {path}")
-  # A /proc for the new PID namespace (hides host processes); containers may forbid it: best effort.
-  _mount(libc, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-  os.makedirs("/tmp/work", exist_ok=True)
-  return "/tmp/work"
+def _write_file(path: str, text: str) -> None:
+  with open(path, "w") as f:
+    f.write(text)
+
+
+def report(doc: dict) -> None:
+  data = (json.dumps(doc) + "\n").encode()
+  while data:
+    data = data[os.write(RESULTS_FD, data):]
+
+
+def _enter_namespaces(libc, root: bool) -> tuple[bool, str]:
+  """New pid/mount/net/ipc/uts namespaces (and a user namespace when not root): (ok, why not)."""
+  flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+  uid, gid = os.geteuid(), os.getegid()
+  if libc.unshare(flags if root else flags | CLONE_NEWUSER) != 0:
+    errno = ctypes.get_errno()
+    return False, f"unshare: {os.strerror(errno)}"
+  if not root:  # root of the new user namespace is us: enough to mount, nothing outside it
+    _write_file("/proc/self/setgroups", "deny")
+    _write_file("/proc/self/uid_map", f"0 {uid} 1")
+    _write_file("/proc/self/gid_map", f"0 {gid} 1")
+  return True, ""
+
+
+def _bind_readonly(libc, source: str, target: str) -> None:
+  _check(_mount(libc, source, target, None, MS_BIND | MS_REC), f"bind {source}")
+  flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV
+  for st_flag, ms_flag in _LOCKED_FLAGS.items():
+    if os.statvfs(target).f_flag & st_flag:
+      flags |= ms_flag
+  # Never fall back to a writable bind: the Python install may belong to the controller's user.
+  _check(_mount(libc, None, target, None, flags), f"read-only remount of {source}")
+
+
+def _python_dirs() -> list[str]:
+  """What the runner's interpreter needs: its installation (stdlib, shared library, binary)."""
+  exe = os.path.realpath(sys.executable)
+  dirs = [os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)]
+  dirs.append(os.path.dirname(exe))
+  covered = []
+  for d in sorted(set(dirs)):
+    if not any(d == c or d.startswith(c + os.sep) for c in covered + list(_SYSTEM_DIRS)):
+      covered.append(d)
+  return covered
+
+
+def _build_root(libc, new_root: str, scratch_mb: int) -> bool:
+  """A minimal root filesystem at `new_root`; returns whether /proc could be mounted.
+
+  Visible: the system dirs and the Python installation (read-only), a private size-capped /tmp
+  (also /var/tmp and /dev/shm), five device nodes and a /proc of the new PID namespace. Not
+  visible: everything else of the host (home dirs, the repository, run dirs, checkpoints, /run).
+  """
+  _check(_mount(libc, None, "/", None, MS_REC | MS_PRIVATE), "make / private")
+  _check(_mount(libc, "tmpfs", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755"),
+         "tmpfs root")
+  os.umask(0o022)
+  for path in _SYSTEM_DIRS + tuple(_python_dirs()):
+    target = new_root + path
+    if os.path.islink(path) and path in _SYSTEM_DIRS:
+      os.symlink(os.readlink(path), target)  # merged /usr: /lib -> usr/lib
+    elif os.path.isdir(path):
+      os.makedirs(target, exist_ok=True)
+      _bind_readonly(libc, path, target)
+  os.makedirs(new_root + "/dev")
+  for name in _DEVICES:
+    target = f"{new_root}/dev/{name}"
+    open(target, "w").close()
+    _check(_mount(libc, f"/dev/{name}", target, None, MS_BIND), f"bind /dev/{name}")
+  os.makedirs(new_root + "/tmp")
+  _check(_mount(libc, "tmpfs", new_root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+                f"size={scratch_mb}m,mode=1777"), "tmpfs /tmp")
+  os.makedirs(new_root + "/var")
+  os.symlink("/tmp", new_root + "/var/tmp")
+  os.symlink("/tmp", new_root + "/dev/shm")
+  os.makedirs(new_root + "/proc")
+  # Some container runtimes forbid a fresh /proc inside a user namespace; Python runs without one.
+  has_proc = _mount(libc, "proc", new_root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+  _check(_mount(libc, None, new_root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV),
+         "read-only root")
+  return has_proc
 
 
 def _wait_and_exit(pid: int) -> None:
@@ -60,29 +150,40 @@ def _wait_and_exit(pid: int) -> None:
   os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
 
-def _set_limits(spec: dict) -> None:
-  lim = spec["limits"]
+def _own_process_count() -> int:
+  uid = str(os.getuid())
+  count = 0
+  for entry in os.scandir("/proc"):
+    try:
+      with open(os.path.join(entry.path, "status")) as f:
+        count += any(line.startswith("Uid:") and line.split()[1] == uid for line in f)
+    except OSError:
+      pass
+  return count
+
+
+def _set_limits(limits: dict, nproc: int) -> None:
   mb = 1 << 20
-  resource.setrlimit(resource.RLIMIT_AS, (lim["memory_mb"] * mb, lim["memory_mb"] * mb))
-  resource.setrlimit(resource.RLIMIT_CPU, (lim["cpu_s"], lim["cpu_s"] + 1))
-  resource.setrlimit(resource.RLIMIT_FSIZE, (lim["file_bytes"], lim["file_bytes"]))
-  resource.setrlimit(resource.RLIMIT_NPROC, (lim["nproc"], lim["nproc"]))
-  resource.setrlimit(resource.RLIMIT_NOFILE, (lim["nofile"], lim["nofile"]))
+  resource.setrlimit(resource.RLIMIT_AS, (limits["memory_mb"] * mb, limits["memory_mb"] * mb))
+  resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1))
+  resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_bytes"], limits["file_bytes"]))
+  resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+  resource.setrlimit(resource.RLIMIT_NOFILE, (limits["nofile"], limits["nofile"]))
   resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def _drop_privileges(libc, uid: int | None) -> None:
-  if uid is not None and os.geteuid() == 0:
+def _become_sandbox_user(libc, uid) -> None:
+  if uid is not None:  # root: a fresh uid that owns nothing and is counted alone by RLIMIT_NPROC
     os.setgroups([])
     os.setgid(uid)
     os.setuid(uid)
-  libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # no regaining privileges via setuid binaries
-  # Set after setuid (a credential change clears it): if our parent dies, so do we.
+  _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0, "no_new_privs")
+  # Last credential change is done (each one clears it): if our parent dies, so do we.
   libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _pin_sys_path() -> None:
-  """Keep the stdlib importable after dropping privileges even if it lives under an 0700 dir.
+  """Fallback as root: keep the stdlib importable after the uid drop even under an 0700 dir.
 
   (pyenv installs under /root are common.) A directory fd opened while still root can be walked
   through `/proc/self/fd/N` without search permission on its ancestors; only the stdlib dirs
@@ -100,82 +201,96 @@ def _pin_sys_path() -> None:
         return new + entry[len(old):]
     return entry
 
-  # Packages already imported (e.g. `encodings`, which lazily imports codecs) search __path__.
-  for module in list(sys.modules.values()):
+  for module in list(sys.modules.values()):  # packages already imported search their __path__
     search = getattr(module, "__path__", None)
     if isinstance(search, list):
       search[:] = [repin(p) for p in search]
 
 
-def _block_sockets() -> None:
-  """Fallback when no network namespace: make the socket API unusable from Python code.
-
-  Best effort only: code using ctypes/raw syscalls or a subprocess can still reach the network.
-  """
-  import _socket
-  import socket
-
-  class _NoSocket:
-    def __init__(self, *args, **kwargs):
-      raise PermissionError("network access is disabled in this sandbox")
-
-  def _no_net(*args, **kwargs):
-    raise PermissionError("network access is disabled in this sandbox")
-
-  for mod in (socket, _socket):
-    mod.socket = mod.SocketType = _NoSocket
-    mod.getaddrinfo = mod.socketpair = _no_net
-  socket.create_connection = socket.create_server = socket.fromfd = _no_net
+def _exec_runner(python: str, runner_src: str, job: dict) -> None:
+  """A fresh interpreter for the code: nothing of this process (or its capabilities) survives."""
+  fd = os.memfd_create("job")  # the job is the runner's stdin; it swaps in /dev/null itself
+  os.write(fd, json.dumps(job).encode())
+  os.lseek(fd, 0, os.SEEK_SET)
+  os.dup2(fd, 0)
+  os.close(fd)
+  env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+         "HOME": "/tmp", "TMPDIR": "/tmp"}
+  os.execve(python, [python, "-I", "-S", "-B", "-c", runner_src], env)
 
 
-def _run_untrusted(spec: dict) -> None:
-  scope = {"__name__": "__main__", "__builtins__": __builtins__}
-  try:
-    exec(compile(spec["code"], "solution.py", "exec"), scope)
-    if spec.get("tests"):
-      exec(compile(spec["tests"], "tests.py", "exec"), scope)
-  except MemoryError:
-    os.write(2, b"MemoryError\n")
-    os._exit(EXIT_MEMORY)
-  except BaseException:  # noqa: BLE001 -- SystemExit(0) from the code must not count as a pass.
-    traceback.print_exc()
-    sys.stderr.flush()
-    os._exit(EXIT_RAISED)
-  sys.stdout.flush()
-  os.write(1, f"\n{spec['nonce']}\n".encode())
-  os._exit(0)
+def _namespace_init(libc, spec: dict, runner_src: str, job: dict, root: bool) -> None:
+  """PID 1 of the new namespace: build the root, become the sandbox user, exec the runner."""
+  # Its own session: a signal to "my process group" (kill(0, ...)) stays inside the namespace.
+  os.setsid()
+  new_root = os.getcwd()  # the controller's empty scratch dir; the tmpfs hides it
+  python = os.path.realpath(sys.executable)  # the venv's symlink is not inside the new root
+  _build_root(libc, new_root, spec["limits"]["scratch_mb"])
+  os.chdir(new_root)
+  if not root:
+    # A nested user namespace without any uid mapping: the code runs as the overflow ("nobody")
+    # user, and its capabilities there are gone at the exec below.
+    _check(libc.unshare(CLONE_NEWUSER) == 0, "unshare nested user namespace")
+  _check(libc.chroot(b".") == 0, "chroot")
+  os.chdir("/tmp")
+  _set_limits(spec["limits"], spec["limits"]["nproc"])
+  _become_sandbox_user(libc, spec["uid"] if root else None)
+  _exec_runner(python, runner_src, job)
 
 
 def main() -> None:
-  spec = json.loads(sys.stdin.read())
+  spec = json.loads(sys.stdin.buffer.read())
   null = os.open(os.devnull, os.O_RDONLY)
-  os.dup2(null, 0)  # the untrusted code gets an empty stdin, not our spec pipe
+  os.dup2(null, 0)  # nothing downstream reads our spec pipe
+  if spec["results_fd"] != RESULTS_FD:
+    os.dup2(spec["results_fd"], RESULTS_FD)
+    os.close(spec["results_fd"])
+  with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_runner.py")) as f:
+    runner_src = f.read()
+  job = {"code": spec["code"], "entry": spec["entry"], "calls": spec["calls"]}
   libc = _libc()
-  namespaced = spec["isolation"] != "fallback" and _enter_namespaces(libc)
+  root = os.geteuid() == 0
+  namespaced, why = False, "namespaces not requested"
+  if spec["isolation"] != "fallback":
+    namespaced, why = _enter_namespaces(libc, root)
+  if namespaced:
+    mode = "root_namespaces" if root else "user_namespaces"
+  else:
+    mode = "root_uid" if root else "none"
   if spec["isolation"] == "namespaces" and not namespaced:
-    os.write(2, b"sandbox setup: namespaces unavailable\n")
+    report({"isolation": "", "error": why})
+    os.write(2, f"sandbox setup: namespaces unavailable ({why})\n".encode())
     os._exit(EXIT_SETUP)
+  if mode == "none" and not spec["allow_unisolated"]:
+    report({"isolation": "", "error": why, "refused": True})
+    os.write(2, f"sandbox refused: not root and no user namespaces ({why})\n".encode())
+    os._exit(EXIT_REFUSED)
+  # Written before any untrusted code exists, so the code cannot change what was reported.
+  report({"isolation": mode, "detail": why})
   try:
     if namespaced:
-      pid = os.fork()  # the child is PID 1 of the new namespace; when it dies, all its descendants die
+      pid = os.fork()  # the child is PID 1 of the new namespace: when it dies, so does the rest
       if pid:
         _wait_and_exit(pid)
-      os.chdir(_private_tmp(libc, spec["limits"]["scratch_mb"]))
-      if spec["uid"] is not None:
-        os.chown(".", spec["uid"], spec["uid"])
-    if not namespaced:
-      _block_sockets()  # before the drop: importing _socket may need root's search permissions
-    if spec["uid"] is not None:
+      try:
+        _namespace_init(libc, spec, runner_src, job, root)
+      except BaseException:  # noqa: BLE001 -- never let a setup failure run code half-isolated
+        traceback.print_exc()
+        os._exit(EXIT_SETUP)
+    nproc = spec["limits"]["nproc"]
+    if not root:  # RLIMIT_NPROC counts every process of our uid, so allow what already runs
+      nproc += _own_process_count()
+    job["block_sockets"] = True  # no network namespace: best-effort Python-level block
+    if root:
       _pin_sys_path()
-    _set_limits(spec)
-    _drop_privileges(libc, spec["uid"])
-  except Exception:  # noqa: BLE001
+    _set_limits(spec["limits"], nproc)
+    _become_sandbox_user(libc, spec["uid"] if root else None)
+  except BaseException:  # noqa: BLE001
     traceback.print_exc()
     os._exit(EXIT_SETUP)
-  os.environ["TMPDIR"] = os.environ["HOME"] = os.getcwd()
-  # First stdout line, written before any untrusted code runs: tells the parent which mode held.
-  os.write(1, f"{spec['nonce']}:{'namespaces' if namespaced else 'fallback'}\n".encode())
-  _run_untrusted(spec)
+  scope = {"__name__": "_sandbox_runner"}
+  exec(compile(runner_src, "_sandbox_runner.py", "exec"), scope)
+  scope["main"](job)
 
 
 if __name__ == "__main__":
