@@ -123,6 +123,9 @@ def read_memory():
     f.seek(start)
     return len(f.read(16))
 attempt("read_controller_memory", read_memory)
+attempt("kill_init", lambda: os.kill(1, signal.SIGKILL))  # silently dropped by the kernel
+attempt("init_root", lambda: os.listdir("/proc/1/root"))
+attempt("init_memory", lambda: open("/proc/1/mem", "rb").close())
 attempt("list_run_dir", lambda: os.listdir({run_dir!r}))
 attempt("connect", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=1).close())
 print(json.dumps(out))
@@ -175,13 +178,14 @@ class _Host:
 
 
 def _nested_pid_ns_procs(uid: int) -> int:
-  """Live processes of `uid` inside a nested PID namespace (i.e. a sandbox's, not ours)."""
+  """Live processes of `uid` inside a nested PID namespace (a sandbox's), except its init."""
   count = 0
   for entry in os.scandir("/proc"):
     try:
       with open(os.path.join(entry.path, "status")) as f:
         fields = dict(line.split(":", 1) for line in f if ":" in line)
-      count += (int(fields["Uid"].split()[0]) == uid and len(fields["NSpid"].split()) > 1
+      nspid = fields["NSpid"].split()
+      count += (int(fields["Uid"].split()[0]) == uid and len(nspid) > 1 and nspid[-1] != "1"
                 and not fields["State"].strip().startswith("Z"))
     except (OSError, KeyError, ValueError):
       pass

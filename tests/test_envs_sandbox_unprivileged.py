@@ -49,7 +49,11 @@ def test_user_namespaces_isolate_code_from_a_non_root_controller():
   assert (out["mode"], out["status"], out["warning"]) == ("user_namespaces", "completed", ""), out
   attack = out["attack"]
   assert attack["uid"] == 65534 and attack["uid"] != out["controller_uid"]  # an unmapped user
-  assert attack["visible_pids"] in ([], [1])  # only itself: the trainer cannot even be named
+  # Only itself and the sandbox's trusted init: the trainer cannot even be named.
+  assert attack["visible_pids"] in ([], [1, 2])
+  assert attack["kill_init"][0] == "ok"  # accepted and dropped: the run still completed
+  if attack["visible_pids"]:
+    assert attack["init_root"][0] == attack["init_memory"][0] == "PermissionError"
   for name in ("kill_victim", "kill_controller", "kill_all"):
     assert attack[name][0] == "ProcessLookupError", (name, attack[name])
   for name in ("read_file", "write_file", "list_run_dir", "read_controller_memory"):

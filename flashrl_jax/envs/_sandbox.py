@@ -1,8 +1,8 @@
 """Run untrusted, model-written Python under limits, many at once, without blocking the event loop.
 
 The code comes from a policy being trained, so everything it does is adversarial: the policy is
-optimised against whatever the reward measures, flaws included. The full threat model, line by
-line with the test that proves each line, is `docs/sandbox.md`; in short:
+optimised against whatever the reward measures, flaws included. The threat model, line by line
+with the test that proves each line, is `docs/sandbox.md`; in short:
 
 * The verdict is not here. A run returns what the program produced; a code reward's tests and
   expected answers stay in the controller (`_code_grader.py`) and never enter the sandbox. The
@@ -12,17 +12,18 @@ line with the test that proves each line, is `docs/sandbox.md`; in short:
     ROOT_NAMESPACES  controller is root: new pid/mount/net/ipc/uts namespaces, a minimal chroot
                      (read-only system + Python dirs, private tmpfs /tmp), a fresh uid per run.
     USER_NAMESPACES  controller is not root, kernel allows unprivileged user namespaces: the same
-                     namespaces and chroot, the code runs as an unmapped user of a nested user
+                     namespaces and chroot; the code runs as an unmapped user of a nested user
                      namespace. It cannot name (so not signal) any process outside its PID
                      namespace, and sees none of the controller's files.
-    ROOT_UID         root, no namespaces (unshare refused): a fresh uid only. Python's socket API
-                     is blocked (bypassable), the host filesystem is visible (read: world-readable
-                     files; write: world-writable dirs).
+    ROOT_UID         root, no namespaces: a fresh uid only. Python's socket API is blocked
+                     (bypassable); the host filesystem is visible (world-readable files can be
+                     read, world-writable dirs written).
     NONE             not root and no user namespaces: the code would run as the controller's own
-                     user, able to signal the trainer and write its files. Refused (status REFUSED)
-                     unless `SandboxConfig.allow_unisolated`; warned about loudly either way.
+                     user, able to signal the trainer and write its files. Refused (REFUSED,
+                     `SandboxUnavailable`) unless `SandboxConfig.allow_unisolated`; said loudly
+                     (each result's `warning`, one log line) when it does run.
 * Limits in every mode: wall clock (process group and PID namespace SIGKILLed), RLIMIT_AS,
-  RLIMIT_CPU, RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, capped stdout/stderr/results, a scrubbed
+  RLIMIT_CPU, RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, capped stdout/stderr/report, a scrubbed
   environment, empty stdin, no_new_privs.
 
 Not protected against: kernel or interpreter exploits (use a VM or gVisor for those), and the

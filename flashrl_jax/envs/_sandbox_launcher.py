@@ -6,14 +6,15 @@ single-threaded interpreter, so it may take its time. The threat model is in `_s
 
 Steps: read the JSON spec from stdin; enter new namespaces (as root directly; otherwise through an
 unprivileged user namespace); report the isolation that holds on the results fd (fd 3), before any
-untrusted code exists; fork PID 1 of the new PID namespace; build a minimal root (read-only system
-and Python dirs, private /tmp, a few device nodes, a fresh /proc) and chroot into it; become an
-unprivileged user (a fresh uid as root; an unmapped user in a nested user namespace otherwise); set
-resource limits; exec a fresh interpreter on `_sandbox_runner.py`. Without namespaces the runner
+untrusted code exists; fork PID 1 of the new PID namespace, which builds a minimal root (read-only
+system and Python dirs, private /tmp, a few device nodes, a fresh /proc) and forks the runner's
+process; that one chroots into the new root, becomes an unprivileged user (a fresh uid as root; an
+unmapped user in a nested user namespace otherwise), sets resource limits and execs a fresh
+interpreter on `_sandbox_runner.py`. Without namespaces the runner
 runs in this interpreter after the same limits and (as root) the same uid drop.
 
 Exit codes: the runner's (0 reported, 1 the program raised, 3 MemoryError), 4 the sandbox could
-not be set up, 5 refused (no isolation and no opt-in), 128+N the namespace's PID 1 was killed by N.
+not be set up, 5 refused (no isolation and no opt-in), 128+N the runner was killed by signal N.
 Standard library only, so it works under `-I -S` from any working directory.
 """
 
@@ -29,7 +30,7 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 EXIT_SETUP, EXIT_REFUSED = 4, 5
 RESULTS_FD = 3
 # Mount flags the kernel locks on mounts inherited by a user namespace: a read-only remount must
@@ -219,23 +220,51 @@ def _exec_runner(python: str, runner_src: str, job: dict) -> None:
   os.execve(python, [python, "-I", "-S", "-B", "-c", runner_src], env)
 
 
-def _namespace_init(libc, spec: dict, runner_src: str, job: dict, root: bool) -> None:
-  """PID 1 of the new namespace: build the root, become the sandbox user, exec the runner."""
-  # Its own session: a signal to "my process group" (kill(0, ...)) stays inside the namespace.
-  os.setsid()
-  new_root = os.getcwd()  # the controller's empty scratch dir; the tmpfs hides it
-  python = os.path.realpath(sys.executable)  # the venv's symlink is not inside the new root
-  _build_root(libc, new_root, spec["limits"]["scratch_mb"])
+def _start_runner(libc, spec: dict, python: str, runner_src: str, job: dict, root: bool,
+                  new_root: str) -> None:
+  """The runner's process: enter the new root, become the sandbox user, exec the runner."""
   os.chdir(new_root)
   if not root:
     # A nested user namespace without any uid mapping: the code runs as the overflow ("nobody")
-    # user, and its capabilities there are gone at the exec below.
+    # user, and its capabilities there are gone at the exec below. (Before the chroot: the kernel
+    # refuses new user namespaces to chrooted processes, which also keeps the code from making any.)
     _check(libc.unshare(CLONE_NEWUSER) == 0, "unshare nested user namespace")
   _check(libc.chroot(b".") == 0, "chroot")
   os.chdir("/tmp")
   _set_limits(spec["limits"], spec["limits"]["nproc"])
   _become_sandbox_user(libc, spec["uid"] if root else None)
   _exec_runner(python, runner_src, job)
+
+
+def _namespace_init(libc, spec: dict, runner_src: str, job: dict, root: bool) -> None:
+  """PID 1 of the new namespace: build the root, start the runner, wait for it, exit with it.
+
+  PID 1 is trusted and stays out of reach: the kernel drops signals from inside the namespace to
+  an init without handlers, and a non-dumpable process cannot be traced or read through /proc.
+  The code therefore runs as an ordinary process (its CPU limit's SIGXCPU, its own signals and
+  `alarm` behave normally), and its orphans are reaped here. When PID 1 exits the kernel kills
+  everything else in the namespace.
+  """
+  os.setsid()  # "my process group" (kill(0, ...)) then stays inside the namespace
+  new_root = os.getcwd()  # the controller's empty scratch dir; the tmpfs hides it
+  python = os.path.realpath(sys.executable)  # the venv's symlink is not inside the new root
+  _build_root(libc, new_root, spec["limits"]["scratch_mb"])
+  pid = os.fork()
+  if pid == 0:
+    try:
+      _start_runner(libc, spec, python, runner_src, job, root, new_root)
+    except BaseException:  # noqa: BLE001 -- never let a setup failure run code half-isolated
+      traceback.print_exc()
+      os._exit(EXIT_SETUP)
+  libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+  libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+  null = os.open(os.devnull, os.O_RDWR)
+  for fd in (0, 1, 2, RESULTS_FD):  # only the code's side of the pipes may keep them open
+    os.dup2(null, fd)
+  while True:
+    done, status = os.wait()
+    if done == pid:
+      os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
 
 def main() -> None:
