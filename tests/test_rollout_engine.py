@@ -93,9 +93,9 @@ def test_greedy_equals_full_forward_argmax(engine, logits_fns):
     assert [(s.version, s.start, s.end) for s in out.versions] == [("default", 0, 12)]
 
 
-def test_tail_requests_packed_into_a_smaller_decode_batch_keep_their_kv(engine, logits_fns):
+def test_tail_requests_decode_in_a_smaller_batch_from_their_own_slots(engine, logits_fns):
   prompts = [[5, 6], [7, 8, 9], [10], [11, 12, 13, 14]]
-  lengths = [2, 14, 3, 14]  # the short ones finish; slot 3's request moves to slot 0
+  lengths = [2, 14, 3, 14]  # the short ones finish; slots 1 and 3 then decode as a batch of 2
   computed = engine.stats.computed_slot_steps
   outs = engine.generate(prompts, [Sampling(temperature=0, max_new_tokens=n, ignore_eos=True)
                                    for n in lengths])

@@ -107,7 +107,7 @@ def run_ours(path: str, prompts: np.ndarray, lengths: np.ndarray, slots: int):
   engine = Engine(EngineConfig(path, max_running_requests=slots,
                                context_length=prompts.shape[1] + int(lengths.max())))
   start = time.perf_counter()  # compile every program the run will use (prefill groups, decode)
-  engine.warmup([prompts.shape[1]]).result()
+  engine.warmup().result()
   compile_s = time.perf_counter() - start
   engine.stats.__init__()
   start, cpu = time.perf_counter(), time.process_time()

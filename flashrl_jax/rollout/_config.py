@@ -28,17 +28,20 @@ class EngineConfig:
   min_prefill_len: int = 16
   max_prefill_batch: int = 4
   prefill_token_budget: int = 4096
-  # Decode runs on the smallest power-of-two prefix of slots (>= this) holding every running request
-  # (they are packed to the front), so a long tail of few requests costs less per token.
-  min_decode_batch: int = 4
+  # Decode runs on the live slots padded to a power-of-two batch (>= min_decode_batch) and attends
+  # over a power-of-two span (>= min_decode_span) of the longest live context; every such shape is
+  # compiled by `Engine.warmup`, so fewer buckets start faster and finer ones waste less per step.
+  min_decode_batch: int = 1
+  min_decode_span: int = 64
   weight_version: str = "default"
   seed: int = 0
   tokenizer_path: str | None = None  # default: model_path when it holds a tokenizer.json
 
   def __post_init__(self):
-    if min(self.max_running_requests, self.max_prefill_batch, self.tp, self.min_decode_batch) < 1:
-      raise ValueError("max_running_requests, max_prefill_batch, tp and min_decode_batch must be "
-                       f">= 1: {self}")
+    if min(self.max_running_requests, self.max_prefill_batch, self.tp, self.min_decode_batch,
+           self.min_decode_span, self.min_prefill_len) < 1:
+      raise ValueError("max_running_requests, max_prefill_batch, tp, min_decode_batch, "
+                       f"min_decode_span and min_prefill_len must be >= 1: {self}")
     if self.context_length is not None and self.context_length < 2:
       raise ValueError(f"context_length must be >= 2, got {self.context_length}.")
 
@@ -53,6 +56,8 @@ class EngineStats:
   prefill_calls: int = 0
   prefill_tokens: int = 0
   generated_tokens: int = 0
+  warmup_shapes: int = 0  # step shapes `Engine.warmup` ran
+  warmup_s: float | None = None  # how long it took (None: never warmed up)
 
   def idle_fraction(self, num_slots: int) -> float:
     """Slot-steps in which a slot held no request (what static batching wastes)."""

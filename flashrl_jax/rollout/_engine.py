@@ -17,12 +17,14 @@ import collections
 import concurrent.futures
 import logging
 import threading
+import time
 import uuid
 from typing import Callable, Sequence
 
 import numpy as np
 
 from flashrl_jax.model import load_tokenizer, read_config
+from flashrl_jax.rollout._compiles import CompileCounts, compile_counts
 from flashrl_jax.rollout._config import EngineConfig, EngineStats
 from flashrl_jax.fleet import FinishKind, FinishReason, PauseMode
 from flashrl_jax.rollout._request import LogprobOptions, Output, Request, validate_request
@@ -38,6 +40,8 @@ class Engine:
 
   def __init__(self, config: EngineConfig, *, devices=None):
     self.config = config
+    self._compiles_at_start = compile_counts()
+    self._compiles_at_warmup: CompileCounts | None = None
     model_config = read_config(config.model_path)
     self.context_length = config.context_length or min(model_config.max_position_embeddings, 4096)
     self.runner = Runner(config.model_path, num_slots=config.max_running_requests,
@@ -45,7 +49,8 @@ class Engine:
                          mesh=rollout_mesh(config.tp, devices),
                          min_prefill_len=config.min_prefill_len,
                          max_prefill_batch=config.max_prefill_batch,
-                         min_decode_batch=config.min_decode_batch)
+                         min_decode_batch=config.min_decode_batch,
+                         min_decode_span=config.min_decode_span)
     self.model_config = self.runner.config
     self.scorer = PromptScorer(self.runner.graphdef)
     self.vocab_size = self.model_config.vocab_size
@@ -126,9 +131,9 @@ class Engine:
     requests = [self.submit(p, s) for p, s in zip(prompts, samplings) for _ in range(s.n)]
     return [r.result(timeout) for r in requests]
 
-  def warmup(self, prompt_lengths: Sequence[int] = (1,)) -> concurrent.futures.Future:
-    """Compiles decode and all prefill group sizes for these prompt lengths (between steps)."""
-    return self._call(self.runner.warmup, tuple(prompt_lengths))
+  def warmup(self) -> concurrent.futures.Future:
+    """Compiles every shape a step can have (between steps); the future gets `compiles()`."""
+    return self._call(self._do_warmup)
 
   def pause(self, mode: PauseMode = PauseMode.ABORT) -> concurrent.futures.Future:
     return self._call(self._do_pause, mode)
@@ -167,6 +172,18 @@ class Engine:
   def flush_cache(self) -> concurrent.futures.Future:
     """Future of True (KV dropped) or False (requests are in flight)."""
     return self._call(self._do_flush)
+
+  def compiles(self) -> dict[str, float | int | None]:
+    """Programs built since this engine started, and since its warm-up ended (a warmed-up engine
+    must show none: each one stalled a step)."""
+    now = compile_counts()
+    since_start = now - self._compiles_at_start
+    after = None if self._compiles_at_warmup is None else (now - self._compiles_at_warmup).programs
+    return {"num_compiles": since_start.programs,
+            "num_compile_cache_hits": since_start.cache_hits,
+            "compile_s": round(since_start.seconds, 3),
+            "num_compiles_after_warmup": after,
+            "warmup_shapes": self.stats.warmup_shapes, "warmup_s": self.stats.warmup_s}
 
   def loads(self) -> dict[str, int]:
     with self._cv:
@@ -297,31 +314,21 @@ class Engine:
           self._slots_dirty = True
 
   def _step(self) -> None:
-    size = self.runner.decode_size(len(self._running()))
-    self._pack(size)
+    """One decode step over the live slots, wherever they are (nothing is moved)."""
     if self._slots_dirty:
-      rows = [self._sampling_row(r) if r is not None else (None, 0, ()) for r in self._slots]
-      self.runner.set_slots(rows, np.array([r is not None for r in self._slots]))
+      self.runner.set_slots([self._sampling_row(r) if r is not None else (None, 0, ())
+                             for r in self._slots])
       self._slots_dirty = False
     running = self._running()
+    longest = max(len(r.prompt_ids) + r.num_generated for _, r in running)
     tokens, logprobs, (top_ids, top_lps) = self.runner.decode(
-        size, top_n=self._top_n([r for _, r in running]))
+        [slot for slot, _ in running], longest, top_n=self._top_n([r for _, r in running]))
     self.stats.decode_steps += 1
     self.stats.busy_slot_steps += len(running)
-    self.stats.computed_slot_steps += size
-    for slot, request in running:
-      self._on_token(request, int(tokens[slot]), float(logprobs[slot]), slot=slot,
-                     top=(top_ids[slot], top_lps[slot]))
-
-  def _pack(self, size: int) -> None:
-    """Moves running requests into the first `size` slots, so decode can run on that prefix."""
-    free = [i for i in range(size) if self._slots[i] is None]
-    for slot, request in self._running():
-      if slot >= size:
-        dst = free.pop(0)
-        self.runner.move(slot, dst)
-        self._slots[dst], self._slots[slot] = request, None
-        self._slots_dirty = True
+    self.stats.computed_slot_steps += self.runner.decode_bucket(len(running), longest)[0]
+    for i, (slot, request) in enumerate(running):
+      self._on_token(request, int(tokens[i]), float(logprobs[i]), slot=slot,
+                     top=(top_ids[i], top_lps[i]))
 
   @staticmethod
   def _top_n(requests: Sequence[Request]) -> int:
@@ -414,6 +421,13 @@ class Engine:
       self._waiting.extend(self._held)
       self._held.clear()
     future.set_result(result)
+
+  def _do_warmup(self) -> dict:
+    start = time.perf_counter()
+    self.stats.warmup_shapes = self.runner.warmup(self.config.prefill_token_budget)
+    self.stats.warmup_s = round(time.perf_counter() - start, 3)
+    self._compiles_at_warmup = compile_counts()
+    return self.compiles()
 
   def _do_flush(self) -> bool:
     if self._waiting or self._running() or self._held:

@@ -1,12 +1,16 @@
 """The device half of the rollout engine: sharded weights, the slot state, and the jitted steps.
 
-Why it is separate from the scheduler: everything here is arrays with static shapes, so nothing
-recompiles per request. The weights are a jit *argument* (an `nnx.State` placed on the rollout mesh),
-so a weight swap is a pointer swap. The KV cache and each slot's next input token and step count form
-one pytree (`SlotState`) that both jitted functions take donated and return, so it is updated in
-place. Prefill runs on a small group of prompts padded to a (group, length) bucket, on a fresh model
-cache of the bucket's length, and copies it into the chosen slots (`SlotCache.insert_prefill`);
-decode runs one token for every slot at once (idle slots add nothing to the cache).
+Why it is separate from the scheduler: everything here is arrays with static shapes from a few
+buckets, so nothing recompiles per request, and `warmup` compiles every shape the engine can meet.
+The weights are a jit *argument* (an `nnx.State` placed on the rollout mesh), so a weight swap is a
+pointer swap. The KV cache and each slot's next input token and step count form one pytree
+(`SlotState`) that both jitted functions take donated and return, so it is updated in place.
+
+Prefill runs on a small group of prompts padded to a (group, length) bucket, on a fresh model cache
+of the bucket's length, and copies it into the chosen slots (`SlotCache.insert_prefill`). Decode runs
+one token for the live slots only: the scheduler passes their slot indices padded to a batch bucket
+(a power of two) and a span bucket (a power of two >= the longest live context), so a step costs what
+the live requests need, whatever slots they sit in.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from flashrl_jax.model import Decoder, ModelConfig, load_hf_state, no_shard, read_config
 from flashrl_jax.rollout._sampling import RowSampling, Sampling, sample_with_top
-from flashrl_jax.rollout._slot_cache import SlotCache, write_prefix
+from flashrl_jax.rollout._slot_cache import SlotCache
 
 # Rollout is tensor-parallel only: whole weight copies per replica, split over `tensor`.
 ROLLOUT_RULES: dict[str, str | None] = {
@@ -65,13 +69,22 @@ def param_shardings(abstract_state: nnx.State, mesh: Mesh,
 class SlotState:
   """Device state of all decode slots (donated through every step)."""
 
-  cache: SlotCache  # L x [B, K, S, H]
-  tokens: jax.Array  # [B] int32: each slot's last sampled token, the next decode input
-  steps: jax.Array  # [B] int32: tokens generated so far (the sampler's per-request counter)
+  cache: SlotCache  # L x [B+1, K, S, H] (row B: the spare padding rows write to)
+  tokens: jax.Array  # [B+1] int32: each slot's last sampled token, the next decode input
+  steps: jax.Array  # [B+1] int32: tokens generated so far (the sampler's per-request counter)
 
 
 def _pow2_at_least(n: int) -> int:
   return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def pow2_buckets(lo: int, hi: int) -> list[int]:
+  """Powers of two from `lo` (rounded up) below `hi`, then `hi` itself."""
+  out, n = [], _pow2_at_least(lo)
+  while n < hi:
+    out.append(n)
+    n *= 2
+  return out + [hi]
 
 
 class Runner:
@@ -79,7 +92,7 @@ class Runner:
 
   def __init__(self, model_path: str, *, num_slots: int, context_length: int, dtype=jnp.float32,
                mesh: Mesh | None = None, min_prefill_len: int = 16, max_prefill_batch: int = 4,
-               min_decode_batch: int = 4):
+               min_decode_batch: int = 1, min_decode_span: int = 64):
     self.config: ModelConfig = read_config(model_path)
     self.mesh = mesh if mesh is not None else rollout_mesh(1)
     self.num_slots, self.context_length = num_slots, context_length
@@ -93,18 +106,18 @@ class Runner:
     self.params = self.load_params(model_path)
     c = self.config
     spec = logical_spec((None, "kv_heads", None, None),
-                        (num_slots, c.num_kv_heads, context_length, c.head_dim), self.mesh)
+                        (num_slots + 1, c.num_kv_heads, context_length, c.head_dim), self.mesh)
     self._cache_sharding = NamedSharding(self.mesh, spec)
     self._replicated = NamedSharding(self.mesh, P())
     self.state = self._zero_state()
-    self._decode = jax.jit(self._decode_impl, donate_argnums=(1,), static_argnums=(4, 5))
-    self._move = jax.jit(self._move_impl, donate_argnums=(0,))
-    # Decode batch sizes: powers of two from `min_decode_batch` up to all slots.
-    self.decode_sizes = sorted({min(num_slots, min_decode_batch << i)
-                                for i in range(max(1, num_slots.bit_length()))})
+    # The shapes a step can have: decode batches and spans, prefill groups and lengths.
+    self.decode_sizes = pow2_buckets(min(min_decode_batch, num_slots), num_slots)
+    self.decode_spans = pow2_buckets(min(min_decode_span, context_length), context_length)
+    self.prefill_groups = pow2_buckets(1, _pow2_at_least(max_prefill_batch))
+    self.prefill_lengths = pow2_buckets(min(min_prefill_len, context_length), context_length)
+    self._decode = jax.jit(self._decode_impl, donate_argnums=(1,), static_argnums=(5, 6))
     self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1,), static_argnums=(7,))
     self._rows: RowSampling | None = None
-    self._active: jax.Array | None = None
 
   # --- weights -----------------------------------------------------------------------------------
 
@@ -129,31 +142,31 @@ class Runner:
     return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
   def _zero_state(self) -> SlotState:
-    c, b = self.config, self.num_slots
-    cache = SlotCache.zeros(num_layers=c.num_layers, batch_size=b, max_length=self.context_length,
-                            num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=self.dtype,
+    c, rows = self.config, self.num_slots + 1
+    cache = SlotCache.zeros(num_layers=c.num_layers, num_slots=self.num_slots,
+                            max_length=self.context_length, num_kv_heads=c.num_kv_heads,
+                            head_dim=c.head_dim, dtype=self.dtype,
                             place=lambda x: jax.device_put(x, self._cache_sharding
                                                            if x.ndim == 4 else self._replicated))
-    ints = lambda: jax.device_put(jnp.zeros((b,), jnp.int32), self._replicated)
+    ints = lambda: jax.device_put(jnp.zeros((rows,), jnp.int32), self._replicated)
     return SlotState(cache=cache, tokens=ints(), steps=ints())
 
   def reset(self) -> None:
     """Drops every slot's KV (all slots must be free)."""
     self.state = self._zero_state()
 
-  def set_slots(self, rows: list[tuple[Sampling, int, tuple[int, ...]] | tuple[None, int, tuple]],
-                active: np.ndarray) -> None:
-    """Uploads the per-slot sampling options and the active mask (only when they change)."""
-    put = lambda x: jax.device_put(x, self._replicated)
-    self._rows = jax.tree.map(put, RowSampling.host(rows, self.num_slots))
-    self._active = put(np.asarray(active, bool))
+  def set_slots(self, rows: list[tuple[Sampling, int, tuple[int, ...]] | tuple[None, int, tuple]]
+                ) -> None:
+    """Uploads every slot's sampling options (only when they change; decode gathers its rows)."""
+    self._rows = jax.tree.map(lambda x: jax.device_put(x, self._replicated),
+                              RowSampling.host(list(rows), self.num_slots + 1))
 
   # --- steps -------------------------------------------------------------------------------------
 
   def prefill_bucket(self, lengths: Sequence[int]) -> tuple[int, int]:
     """The (group, length) bucket a group of prompts of these lengths is padded to."""
-    t = min(max(_pow2_at_least(max(lengths)), self.min_prefill_len), self.context_length)
-    return _pow2_at_least(len(lengths)), t
+    t = next(n for n in self.prefill_lengths if n >= max(lengths))
+    return next(g for g in self.prefill_groups if g >= len(lengths)), t
 
   def prefill(self, prompts: Sequence[Sequence[int]], slots: Sequence[int],
               rows: Sequence[tuple[Sampling, int, tuple[int, ...]]], steps: Sequence[int],
@@ -167,7 +180,7 @@ class Runner:
       tokens[i, :len(p)] = p
     lengths = np.zeros(g, np.int32)
     lengths[:n] = [len(p) for p in prompts]
-    slot_ids = np.full(g, self.num_slots, np.int32)  # padding rows scatter out of bounds: dropped
+    slot_ids = np.full(g, self.num_slots, np.int32)  # padding rows land in the spare row
     slot_ids[:n] = slots
     step_arr = np.zeros(g, np.int32)
     step_arr[:n] = steps
@@ -177,45 +190,55 @@ class Runner:
     new_tokens, logprobs, (ids, lps) = jax.device_get((new_tokens, logprobs, top))
     return new_tokens[:n], logprobs[:n], (ids[:n], lps[:n])
 
-  def decode_size(self, num_running: int) -> int:
-    """The decode batch (a prefix of the slots) that holds `num_running` packed requests."""
-    return next(n for n in self.decode_sizes if n >= num_running)
+  def decode_bucket(self, num_live: int, longest: int) -> tuple[int, int]:
+    """The (batch, span) bucket of a decode step over `num_live` requests whose longest holds
+    `longest` tokens (prompt + generated, the last one not yet cached)."""
+    return (next(n for n in self.decode_sizes if n >= num_live),
+            next(n for n in self.decode_spans if n >= longest))
 
-  def decode(self, size: int | None = None, top_n: int = 0
+  def decode(self, slots: Sequence[int], longest: int, top_n: int = 0
              ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
-    """One token for every active slot among the first `size` (default all); returns `[size]`
-    tokens and log-probs and the `top_n` most likely candidates `[size, top_n]` (idle slots: junk).
+    """One token for each of `slots` (their requests hold at most `longest` tokens); returns
+    `[len(slots)]` tokens and log-probs and the `top_n` most likely candidates
+    `[len(slots), top_n]`."""
+    size, span = self.decode_bucket(len(slots), longest)
+    rows = np.full(size, self.num_slots, np.int32)  # padding rows: the spare row
+    rows[:len(slots)] = slots
+    self.state, tokens, logprobs, top = self._decode(self.params, self.state, self._rows, rows,
+                                                     np.int32(len(slots)), span, top_n)
+    n = len(slots)
+    tokens, logprobs, (ids, lps) = jax.device_get((tokens, logprobs, top))
+    return tokens[:n], logprobs[:n], (ids[:n], lps[:n])
+
+  def warmup(self, prefill_token_budget: int | None = None) -> int:
+    """Compiles every program a step can run: each prefill (group, length) bucket a scheduler
+    with this token budget can form (one prompt always fits) and each decode (batch, span)
+    bucket; returns how many shapes ran.
+
+    Dummy rows target the spare row, so live slots are untouched (only the spare's KV changes).
     """
-    size = size or self.num_slots
-    self.state, tokens, logprobs, top = self._decode(self.params, self.state, self._rows,
-                                                     self._active, size, top_n)
-    return jax.device_get((tokens, logprobs, top))
-
-  def move(self, src: int, dst: int) -> None:
-    """Moves a running request's slot state (KV, next token, step count) from `src` to `dst`."""
-    self.state = self._move(self.state, np.int32(src), np.int32(dst))
-
-  def warmup(self, prompt_lengths: Sequence[int] = (1,)) -> None:
-    """Compiles decode and every prefill group size for these prompts' length buckets.
-
-    Dummy rows target slot `num_slots` (out of bounds, dropped), so live slots are untouched.
-    """
-    groups = sorted({self.prefill_bucket([1] * n)[0] for n in range(1, self.max_prefill_batch + 1)})
-    for length in sorted({self.prefill_bucket([n])[1] for n in prompt_lengths}):
-      for g in groups:
+    ran = 0
+    for length in self.prefill_lengths:
+      for g in self.prefill_groups:
+        if g > 1 and prefill_token_budget is not None and g * length > prefill_token_budget:
+          continue
         self.prefill([[0] * length] * g, [self.num_slots] * g, [(Sampling(), 0, ())] * g, [0] * g)
-    rows, active = self._rows, self._active
-    self.set_slots([(None, 0, ())] * self.num_slots, np.zeros(self.num_slots, bool))
+        ran += 1
+    rows = self._rows
+    if rows is None:
+      self.set_slots([(None, 0, ())] * (self.num_slots + 1))
     for size in self.decode_sizes:
-      self.decode(size)
-    self.move(0, 0)
-    if rows is not None:
-      self._rows, self._active = rows, active
+      for span in self.decode_spans:
+        spare = np.full(size, self.num_slots, np.int32)
+        self.state, *_ = self._decode(self.params, self.state, self._rows, spare, np.int32(0),
+                                      span, 0)
+        ran += 1
+    jax.block_until_ready(self.state)
+    return ran
 
   def compiled_count(self) -> int:
-    """How many programs have been compiled (weight swaps must not add any)."""
-    return (self._decode._cache_size() + self._prefill._cache_size() +
-            self._move._cache_size())
+    """How many programs the runner holds compiled (weight swaps must not add any)."""
+    return self._decode._cache_size() + self._prefill._cache_size()
 
   # --- jitted bodies -----------------------------------------------------------------------------
 
@@ -235,34 +258,25 @@ class Runner:
     last = hidden[jnp.arange(g), jnp.maximum(lengths - 1, 0)]  # [G, D]
     new_tokens, logprobs, top = sample_with_top(model.logits(last), rows, steps, top_n)
     state = SlotState(cache=state.cache.insert_prefill(fresh, slots),
-                      tokens=state.tokens.at[slots].set(new_tokens, mode="drop"),
-                      steps=state.steps.at[slots].set(steps + 1, mode="drop"))
+                      tokens=state.tokens.at[slots].set(new_tokens),
+                      steps=state.steps.at[slots].set(steps + 1))
     return self._constrain(state), new_tokens, logprobs, top
 
   def _decode_impl(self, params: nnx.State, state: SlotState, rows: RowSampling,
-                   active: jax.Array, size: int, top_n: int):
+                   slots: jax.Array, num_live: jax.Array, span: int, top_n: int):
+    """One token for batch rows `slots` `[b]` (the first `num_live` are requests, the rest pad
+    with the spare row) over cache positions `[0, span)`."""
     model = nnx.merge(self.graphdef, params)
-    head = lambda x: x[:size]
-    cache = state.cache if size == self.num_slots else state.cache.prefix(size)
-    active, tokens, steps = head(active), head(state.tokens), head(state.steps)
-    num_new = active.astype(jnp.int32)
-    hidden, cache = model.extend(tokens[:, None], num_new, cache)
+    live = jnp.arange(slots.shape[0]) < num_live
+    tokens, steps = state.tokens[slots], state.steps[slots]
+    view = state.cache.view(slots, span)
+    hidden, view = model.extend(tokens[:, None], live.astype(jnp.int32), view)
     new_tokens, logprobs, top = sample_with_top(model.logits(hidden[:, 0]),
-                                                jax.tree.map(head, rows), steps, top_n)
-    new_tokens = jnp.where(active, new_tokens, tokens)
-    new_steps = steps + num_new
-    if size < self.num_slots:  # write the prefix back (in place: the state is donated)
-      state = SlotState(cache=state.cache.with_prefix(cache),
-                        tokens=write_prefix(state.tokens, new_tokens),
-                        steps=write_prefix(state.steps, new_steps))
-    else:
-      state = SlotState(cache=cache, tokens=new_tokens, steps=new_steps)
+                                                jax.tree.map(lambda x: x[slots], rows), steps, top_n)
+    state = SlotState(cache=view.commit(state.cache),
+                      tokens=state.tokens.at[slots].set(new_tokens),
+                      steps=state.steps.at[slots].set(steps + 1))
     return self._constrain(state), new_tokens, logprobs, top
-
-  def _move_impl(self, state: SlotState, src: jax.Array, dst: jax.Array) -> SlotState:
-    move = lambda x: x.at[dst].set(x[src])
-    return self._constrain(SlotState(cache=state.cache.move_row(src, dst),
-                                     tokens=move(state.tokens), steps=move(state.steps)))
 
 
 def describe(runner: Runner) -> dict[str, Any]:
@@ -270,4 +284,6 @@ def describe(runner: Runner) -> dict[str, Any]:
   return {"tp_size": runner.mesh.size, "context_length": runner.context_length,
           "max_running_requests": runner.num_slots, "dtype": jnp.dtype(runner.dtype).name,
           "min_prefill_len": runner.min_prefill_len, "max_prefill_batch": runner.max_prefill_batch,
-          "decode_batch_sizes": list(runner.decode_sizes)}
+          "decode_batch_sizes": list(runner.decode_sizes),
+          "decode_spans": list(runner.decode_spans),
+          "prefill_lengths": list(runner.prefill_lengths)}

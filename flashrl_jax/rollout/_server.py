@@ -249,7 +249,8 @@ async def server_info(request: web.Request) -> web.Response:
                                "prefill_calls": stats.prefill_calls,
                                "generated_tokens": stats.generated_tokens,
                                "slot_idle_fraction": stats.idle_fraction(engine.runner.num_slots),
-                               "paused": engine.paused.value if engine.paused else None}]}
+                               "paused": engine.paused.value if engine.paused else None,
+                               **engine.compiles()}]}
   return web.json_response(info)
 
 

@@ -1,15 +1,20 @@
-"""The decode slots' KV cache: one `[B, K, S, H]` array per layer, written row by row in place.
+"""The decode slots' KV cache: one buffer per layer indexed by slot, read and written by slot index.
 
-Why not the model's `KVCache` (`[L, B, S, K, H]`, written with a scatter): on XLA:CPU that scatter
-becomes a loop fusion that rewrites the whole 5-D buffer for every layer of every decode step, and
-reading a layer back costs a transposing copy for attention; together they made decode time grow
-~3x from S=64 to S=544. Here each layer is its own buffer, each row's new token is a
-`dynamic_update_slice` (in place on a donated buffer), and the layout `[B, K, S, H]` is the one the
-attention dot wants, so the `[B, S, K, H]` view the decoder reads folds into it.
+Why this layout: a decode step runs on the live requests only, wherever their slots are. It names
+them with an index vector (`rows`, padded to a batch bucket with the spare row), gathers just their
+first `span` positions for attention (`span` is a power-of-two bucket of the longest live context),
+and writes each new key/value in place on the donated buffer. So the cost of a step follows the live
+work, and nothing is moved or copied when the live set changes (the old design packed live requests
+into a prefix of the slots, and writing that prefix back copied the whole cache every step).
 
-`SlotCache` follows the cache protocol `Decoder.extend` uses (`write`, `k[layer]`, `v[layer]`,
-`lengths`, `max_length`, `replace`); it only supports one new token per row (decode). Prefill runs on a
-fresh model `KVCache` and is copied in with `insert_prefill`.
+Keys are stored `[B+1, K, S, H]` (q.k contracts H, the minor axis) and values `[B+1, K, H, S]` (p.v
+contracts S, then the minor axis); row B is a spare that padding rows of a decode batch write to, so
+a padded row never needs a guard. Why not the model's `KVCache` (`[L, B, S, K, H]`, written with a
+scatter): on XLA:CPU that scatter rewrote the whole 5-D buffer for every layer of every step.
+
+`DecodeView` follows the cache protocol `Decoder.extend` uses (`write`, `k[layer]`, `v[layer]`,
+`lengths`, `max_length`, `replace`) for one new token per row. Prefill runs on a fresh model
+`KVCache` and is copied in with `SlotCache.insert_prefill`.
 """
 
 from __future__ import annotations
@@ -20,114 +25,102 @@ from flax import struct
 
 from flashrl_jax.model import KVCache
 
-
-class _LayerView:
-  """`view[layer]` is that layer's cache as `[B, S, K, H]`; the transpose folds into the attention
-  dot, which then reads the buffer in its physical layout."""
-
-  def __init__(self, layers: tuple[jax.Array, ...], axes: tuple[int, ...]):
-    self._layers, self._axes = layers, axes
-
-  def __getitem__(self, layer: int) -> jax.Array:
-    return jnp.transpose(self._layers[layer], self._axes)
-
-
-# Keys are stored `[B, K, S, H]` (q.k contracts H, the minor axis); values `[B, K, H, S]` (p.v
-# contracts S, now the minor axis). In `[B, S, K, H]` order a layout is `transpose(_TO_BSKH)`.
+# In `[B, S, K, H]` order (what the decoder reads), a stored layout is `transpose(_TO_BSKH)`.
 _K_TO_BSKH = (0, 2, 1, 3)
 _V_TO_BSKH = (0, 3, 1, 2)
 _K_FROM_KH = (1, 0, 2)  # one row's [T, K, H] -> [K, T, H]
 _V_FROM_KH = (1, 2, 0)  # one row's [T, K, H] -> [K, H, T]
 
 
-def _write_row(buf: jax.Array, row: int, update: jax.Array, index: tuple,
-               keep_old: jax.Array) -> jax.Array:
-  """Writes `update` (one row, buffer layout minus B) at `(row, *index)` unless `keep_old`."""
-  index = (row, *index)
-  old = jax.lax.dynamic_slice(buf, index, (1, *update.shape))
-  new = jnp.where(keep_old, old, update[None].astype(buf.dtype))
-  return jax.lax.dynamic_update_slice(buf, new, index)
+@struct.dataclass
+class SlotCache:
+  ks: tuple[jax.Array, ...]  # L x [B+1, K, S, H]
+  vs: tuple[jax.Array, ...]  # L x [B+1, K, H, S]
+  lengths: jax.Array  # [B+1] int32: cached positions per slot
+
+  @classmethod
+  def zeros(cls, *, num_layers: int, num_slots: int, max_length: int, num_kv_heads: int,
+            head_dim: int, dtype, place=lambda x: x) -> "SlotCache":
+    rows = num_slots + 1  # + the spare row padding writes to
+    zeros = lambda shape: tuple(place(jnp.zeros(shape, dtype)) for _ in range(num_layers))
+    return cls(ks=zeros((rows, num_kv_heads, max_length, head_dim)),
+               vs=zeros((rows, num_kv_heads, head_dim, max_length)),
+               lengths=place(jnp.zeros((rows,), jnp.int32)))
+
+  @property
+  def spare(self) -> int:
+    """The row padding writes to (never a request's)."""
+    return self.lengths.shape[0] - 1
+
+  def view(self, rows: jax.Array, span: int) -> "DecodeView":
+    """The decode cache of slots `rows` `[b]` over their first `span` positions."""
+    return DecodeView(ks=self.ks, vs=self.vs, rows=rows, lengths=self.lengths[rows], span=span)
+
+  def insert_prefill(self, fresh: KVCache, slots: jax.Array) -> "SlotCache":
+    """Copies row i of `fresh` (`[L, G, T, K, H]`, T <= S) to slot `slots[i]` (padding: the spare)."""
+    ks, vs = list(self.ks), list(self.vs)
+    for i in range(fresh.k.shape[1]):
+      for layer in range(len(ks)):
+        k_row = jnp.transpose(fresh.k[layer, i], _K_FROM_KH)[None].astype(ks[layer].dtype)
+        v_row = jnp.transpose(fresh.v[layer, i], _V_FROM_KH)[None].astype(vs[layer].dtype)
+        ks[layer] = jax.lax.dynamic_update_slice(ks[layer], k_row, (slots[i], 0, 0, 0))
+        vs[layer] = jax.lax.dynamic_update_slice(vs[layer], v_row, (slots[i], 0, 0, 0))
+    return SlotCache(ks=tuple(ks), vs=tuple(vs), lengths=self.lengths.at[slots].set(fresh.lengths))
+
+
+class _Gathered:
+  """`view[layer]` is that layer's rows as `[b, span, K, H]`: a gather of the live rows' first
+  `span` positions (O(live work)); the transpose folds into the attention dot."""
+
+  def __init__(self, layers: tuple[jax.Array, ...], rows: jax.Array, span: int, axes, seq_axis):
+    self._layers, self._rows, self._span, self._axes = layers, rows, span, axes
+    self._seq_axis = seq_axis
+
+  def __getitem__(self, layer: int) -> jax.Array:
+    part = jax.lax.slice_in_dim(self._layers[layer], 0, self._span, axis=self._seq_axis)
+    return jnp.transpose(part[self._rows], self._axes)
 
 
 @struct.dataclass
-class SlotCache:
-  ks: tuple[jax.Array, ...]  # L x [B, K, S, H]
-  vs: tuple[jax.Array, ...]  # L x [B, K, H, S]
-  lengths: jax.Array  # [B] int32
+class DecodeView:
+  """The slot cache as one decode batch sees it: rows `rows`, positions `[0, span)`."""
 
-  @classmethod
-  def zeros(cls, *, num_layers: int, batch_size: int, max_length: int, num_kv_heads: int,
-            head_dim: int, dtype, place=lambda x: x) -> "SlotCache":
-    zeros = lambda shape: tuple(place(jnp.zeros(shape, dtype)) for _ in range(num_layers))
-    return cls(ks=zeros((batch_size, num_kv_heads, max_length, head_dim)),
-               vs=zeros((batch_size, num_kv_heads, head_dim, max_length)),
-               lengths=place(jnp.zeros((batch_size,), jnp.int32)))
+  ks: tuple[jax.Array, ...]  # L x [B+1, K, S, H], the whole buffers (written in place)
+  vs: tuple[jax.Array, ...]
+  rows: jax.Array  # [b] int32 slot of each batch row (padding: the spare row)
+  lengths: jax.Array  # [b] int32 cached positions of each batch row
+  span: int = struct.field(pytree_node=False)
 
   @property
   def max_length(self) -> int:
-    return self.ks[0].shape[2]
+    return self.span
 
   @property
-  def k(self) -> _LayerView:
-    return _LayerView(self.ks, _K_TO_BSKH)
+  def k(self) -> _Gathered:
+    return _Gathered(self.ks, self.rows, self.span, _K_TO_BSKH, seq_axis=2)
 
   @property
-  def v(self) -> _LayerView:
-    return _LayerView(self.vs, _V_TO_BSKH)
+  def v(self) -> _Gathered:
+    return _Gathered(self.vs, self.rows, self.span, _V_TO_BSKH, seq_axis=3)
 
   def write(self, layer: int, k_new: jax.Array, v_new: jax.Array, positions: jax.Array,
-            valid: jax.Array) -> "SlotCache":
-    """Writes one token per row (`k_new` `[B, 1, K, H]` at `positions` `[B, 1]`) where `valid`."""
+            valid: jax.Array) -> "DecodeView":
+    """Writes one token per row (`k_new` `[b, 1, K, H]` at `positions` `[b, 1]`). Rows not `valid`
+    are padding: their slot is the spare row, so they write there unguarded."""
+    del valid
     if k_new.shape[1] != 1:
-      raise ValueError("SlotCache.write takes one token per row; prefill into a KVCache.")
+      raise ValueError("DecodeView.write takes one token per row; prefill into a KVCache.")
     k, v = self.ks[layer], self.vs[layer]
     for b in range(k_new.shape[0]):
-      skip, at = ~valid[b, 0], positions[b, 0]
-      k = _write_row(k, b, jnp.transpose(k_new[b], _K_FROM_KH), (0, at, 0), skip)
-      v = _write_row(v, b, jnp.transpose(v_new[b], _V_FROM_KH), (0, 0, at), skip)
+      row, at = self.rows[b], positions[b, 0]
+      k_row = jnp.transpose(k_new[b], _K_FROM_KH)[None].astype(k.dtype)  # [1, K, 1, H]
+      v_row = jnp.transpose(v_new[b], _V_FROM_KH)[None].astype(v.dtype)  # [1, K, H, 1]
+      k = jax.lax.dynamic_update_slice(k, k_row, (row, 0, at, 0))
+      v = jax.lax.dynamic_update_slice(v, v_row, (row, 0, 0, at))
     ks, vs = list(self.ks), list(self.vs)
     ks[layer], vs[layer] = k, v
     return self.replace(ks=tuple(ks), vs=tuple(vs))
 
-  def insert_prefill(self, fresh: KVCache, slots: jax.Array) -> "SlotCache":
-    """Copies row i of `fresh` (`[L, G, T, K, H]`, T <= S) to row `slots[i]`; slots >= B are dropped."""
-    b = self.lengths.shape[0]
-    ks, vs = list(self.ks), list(self.vs)
-    for i in range(fresh.k.shape[1]):
-      slot = slots[i]
-      dropped = slot >= b
-      row = jnp.minimum(slot, b - 1)
-      for layer in range(len(ks)):
-        k_row = jnp.transpose(fresh.k[layer, i], _K_FROM_KH)
-        v_row = jnp.transpose(fresh.v[layer, i], _V_FROM_KH)
-        ks[layer] = _write_row(ks[layer], row, k_row, (0, 0, 0), dropped)
-        vs[layer] = _write_row(vs[layer], row, v_row, (0, 0, 0), dropped)
-    lengths = self.lengths.at[slots].set(fresh.lengths, mode="drop")
-    return SlotCache(ks=tuple(ks), vs=tuple(vs), lengths=lengths)
-
-  # --- decoding on the first rows only -------------------------------------------------------------
-  # When few requests are left (the tail of a long-tail batch), they are packed into the first rows
-  # and decode runs on that prefix: attention and the sampler then cost O(prefix), not O(slots).
-
-  def prefix(self, n: int) -> "SlotCache":
-    return SlotCache(ks=tuple(k[:n] for k in self.ks), vs=tuple(v[:n] for v in self.vs),
-                     lengths=self.lengths[:n])
-
-  def with_prefix(self, part: "SlotCache") -> "SlotCache":
-    """This cache with its first rows replaced by `part` (in place on a donated buffer)."""
-    return SlotCache(ks=tuple(map(write_prefix, self.ks, part.ks)),
-                     vs=tuple(map(write_prefix, self.vs, part.vs)),
-                     lengths=write_prefix(self.lengths, part.lengths))
-
-  def move_row(self, src: jax.Array, dst: jax.Array) -> "SlotCache":
-    """Copies row `src` (its KV and length) to row `dst`."""
-    def move(buf):
-      row = jax.lax.dynamic_slice_in_dim(buf, src, 1, axis=0)
-      return jax.lax.dynamic_update_slice_in_dim(buf, row, dst, axis=0)
-    return SlotCache(ks=tuple(map(move, self.ks)), vs=tuple(map(move, self.vs)),
-                     lengths=move(self.lengths))
-
-
-def write_prefix(full: jax.Array, part: jax.Array) -> jax.Array:
-  """`full` with its first `len(part)` rows replaced by `part` (in place on a donated buffer)."""
-  return jax.lax.dynamic_update_slice(full, part, (0,) * full.ndim)
+  def commit(self, cache: SlotCache) -> SlotCache:
+    """`cache` with this view's writes and new lengths (the spare row's length is junk)."""
+    return SlotCache(ks=self.ks, vs=self.vs, lengths=cache.lengths.at[self.rows].set(self.lengths))

@@ -2,15 +2,18 @@
 HTTP protocol, for CPUs and TPUs where SGLang does not run (GPU users may run real SGLang instead).
 
 Flags become an `EngineConfig` once, here; everything else is the library. The server binds
-127.0.0.1 unless `--host` says otherwise, compiles the common programs before it listens (so the
-first `/health_generate` is fast), and prints one line `flashrl_jax rollout server ready on
-http://HOST:PORT` when it accepts requests.
+127.0.0.1 unless `--host` says otherwise, compiles every program a step can run before it listens
+(so nothing compiles mid-run: `/server_info` counts it), keeps them in JAX's persistent compilation
+cache (a restart loads instead of compiling), logs how long that took, and prints one line
+`flashrl_jax rollout server ready on http://HOST:PORT` when it accepts requests. On shutdown it
+logs how many programs were built after warm-up (always 0 unless a shape escaped the buckets).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 
 import jax
@@ -36,16 +39,24 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights
 _TP = flags.DEFINE_integer("tp", 1, "Tensor-parallel devices (the rollout mesh's `tensor` axis).")
 _MAX_PREFILL_BATCH = flags.DEFINE_integer("max_prefill_batch", 4, "Prompts per prefill call.")
 _MIN_PREFILL_LEN = flags.DEFINE_integer("min_prefill_len", 16, "Smallest prefill length bucket.")
-_MIN_DECODE_BATCH = flags.DEFINE_integer("min_decode_batch", 4,
-                                         "Smallest decode batch the running requests are packed into.")
+_MIN_DECODE_BATCH = flags.DEFINE_integer("min_decode_batch", 1,
+                                         "Smallest decode batch bucket (powers of two up to the "
+                                         "slots).")
+_MIN_DECODE_SPAN = flags.DEFINE_integer("min_decode_span", 64,
+                                        "Smallest attention span bucket of a decode step (powers "
+                                        "of two up to the context length).")
 _PREFILL_BUDGET = flags.DEFINE_integer("prefill_token_budget", 4096,
                                        "Max padded tokens per grouped prefill call.")
 _WEIGHT_VERSION = flags.DEFINE_string("weight_version", "default", "Initial weight version.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seeds requests sent without sampling_seed.")
-_WARMUP = flags.DEFINE_bool("warmup", True, "Compile decode and the shortest prompts' prefill "
-                            "(every group size) before listening.")
-_CACHE_DIR = flags.DEFINE_string("compilation_cache_dir", None,
-                                 "JAX persistent compilation cache (faster restarts).")
+_WARMUP = flags.DEFINE_bool("warmup", True, "Compile every prefill and decode shape before "
+                            "listening.")
+_CACHE_DIR = flags.DEFINE_string(
+    "compilation_cache_dir",
+    os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    or os.path.join(os.path.expanduser("~"), ".cache", "flashrl_jax", "jax"),
+    "JAX persistent compilation cache, so a restart loads its programs instead of compiling them "
+    "(default: $JAX_COMPILATION_CACHE_DIR, else ~/.cache/flashrl_jax/jax; '' turns it off).")
 
 
 def _config() -> EngineConfig:
@@ -54,7 +65,7 @@ def _config() -> EngineConfig:
       max_running_requests=_MAX_RUNNING.value, context_length=_CONTEXT.value or None,
       dtype=jnp.dtype(_DTYPE.value), tp=_TP.value, max_prefill_batch=_MAX_PREFILL_BATCH.value,
       min_prefill_len=_MIN_PREFILL_LEN.value, prefill_token_budget=_PREFILL_BUDGET.value,
-      min_decode_batch=_MIN_DECODE_BATCH.value,
+      min_decode_batch=_MIN_DECODE_BATCH.value, min_decode_span=_MIN_DECODE_SPAN.value,
       weight_version=_WEIGHT_VERSION.value, seed=_SEED.value)
 
 
@@ -80,10 +91,14 @@ def main(argv) -> None:
   if _CACHE_DIR.value:
     jax.config.update("jax_compilation_cache_dir", _CACHE_DIR.value)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_compilation_cache_max_size", 2 << 30)  # bytes, least recently used go
   config = _config()
   engine = Engine(config)
   if _WARMUP.value:
-    engine.warmup().result()
+    done = engine.warmup().result()
+    logging.info("warm-up: %d shapes in %.1f s (%d programs built, %d of them from the persistent "
+                 "cache)", done["warmup_shapes"], done["warmup_s"], done["num_compiles"],
+                 done["num_compile_cache_hits"])
   args = {"model_path": config.model_path, "tokenizer_path": config.tokenizer_path,
           "served_model_name": _SERVED_NAME.value or config.model_path,
           "host": _HOST.value, "port": _PORT.value, "weight_version": config.weight_version,
@@ -92,6 +107,9 @@ def main(argv) -> None:
     asyncio.run(_serve(engine, args))
   finally:
     engine.shutdown()
+    compiles = engine.compiles()
+    logging.info("programs built after warm-up: %s (%s)", compiles["num_compiles_after_warmup"],
+                 compiles)
 
 
 if __name__ == "__main__":
