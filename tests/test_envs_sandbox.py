@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 
@@ -138,6 +139,59 @@ def test_fork_bomb_is_contained_and_stopped(iso):
   assert 2 <= peak <= 8  # it did fork, and RLIMIT_NPROC capped it at max_processes
   time.sleep(0.2)
   assert _sandbox_procs() == 0  # and nothing survived the run
+
+
+def _descendants(pid: int) -> set[int]:
+  children: dict[int, list[int]] = {}
+  for entry in os.scandir("/proc"):
+    try:
+      with open(os.path.join(entry.path, "stat")) as f:
+        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+      children.setdefault(ppid, []).append(int(entry.name))
+    except (OSError, ValueError, IndexError):
+      pass
+  found, todo = set(), [pid]
+  while todo:
+    for child in children.get(todo.pop(), []):
+      found.add(child)
+      todo.append(child)
+  return found
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except OSError:
+    return False
+
+
+@pytest.mark.parametrize("iso", MODES, ids=lambda m: m.value)
+def test_sandbox_dies_with_its_controller(iso):
+  """A controller killed mid-run (SIGKILL: no cleanup) leaves no sandbox process behind."""
+  if not ROOT and iso is Isolation.FALLBACK:
+    pytest.skip("non-root without namespaces is NONE mode (refused)")
+  script = ("import sys\nfrom flashrl_jax.envs import Isolation, Sandbox, SandboxConfig\n"
+            "sb = Sandbox(SandboxConfig(isolation=Isolation(sys.argv[1]), timeout_s=120, "
+            "memory_mb=256))\nsb.run_sync(\"import subprocess, time\\n"
+            "subprocess.Popen(['sleep', '120'])\\ntime.sleep(120)\")")
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  controller = subprocess.Popen([sys.executable, "-c", script, iso.value], cwd=repo,
+                                env=dict(os.environ, PYTHONPATH=repo))
+  try:
+    deadline = time.monotonic() + 30
+    while len(tree := _descendants(controller.pid)) < 3 and time.monotonic() < deadline:
+      time.sleep(0.05)  # launcher, (init,) program, its sleep child
+    assert len(tree) >= 3, tree
+    time.sleep(0.3)
+    tree = _descendants(controller.pid)
+  finally:
+    controller.kill()
+    controller.wait()
+  deadline = time.monotonic() + 5
+  while any(_alive(p) for p in tree) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert not [p for p in tree if _alive(p)]
 
 
 @pytest.mark.parametrize("iso", MODES, ids=lambda m: m.value)

@@ -292,7 +292,7 @@ class Sandbox:
     uid = self._next_uid()
     read_fd, write_fd = os.pipe()
     spec = dict(job, uid=uid, isolation=cfg.isolation.value, allow_unisolated=cfg.allow_unisolated,
-                results_fd=write_fd,
+                results_fd=write_fd, controller_pid=os.getpid(),
                 limits={"memory_mb": cfg.memory_mb, "cpu_s": cfg.cpu_s or math.ceil(timeout_s) + 1,
                         "file_bytes": cfg.max_file_bytes, "nproc": cfg.max_processes,
                         "nofile": cfg.max_open_files, "scratch_mb": cfg.scratch_mb})

@@ -22,8 +22,10 @@ import ctypes
 import json
 import os
 import resource
+import select
 import signal
 import sys
+import time
 import traceback
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
@@ -96,13 +98,19 @@ def _bind_readonly(libc, source: str, target: str) -> None:
   _check(_mount(libc, None, target, None, flags), f"read-only remount of {source}")
 
 
+def _interpreter() -> str:
+  """The base interpreter (not a venv's copy or link: the venv is not inside the new root)."""
+  return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
 def _python_dirs() -> list[str]:
   """What the runner's interpreter needs: its installation (stdlib, shared library, binary)."""
-  exe = os.path.realpath(sys.executable)
   dirs = [os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)]
-  dirs.append(os.path.dirname(exe))
+  dirs.append(os.path.dirname(_interpreter()))
   covered = []
   for d in sorted(set(dirs)):
+    if d == os.sep:
+      raise SetupError("Python is installed at /: binding it would expose the whole host")
     if not any(d == c or d.startswith(c + os.sep) for c in covered + list(_SYSTEM_DIRS)):
       covered.append(d)
   return covered
@@ -143,12 +151,6 @@ def _build_root(libc, new_root: str, scratch_mb: int) -> bool:
   _check(_mount(libc, None, new_root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV),
          "read-only root")
   return has_proc
-
-
-def _wait_and_exit(pid: int) -> None:
-  """The outer launcher (outside the PID namespace) mirrors the namespace init's exit status."""
-  _, status = os.waitpid(pid, 0)
-  os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
 
 def _own_process_count() -> int:
@@ -247,7 +249,7 @@ def _namespace_init(libc, spec: dict, runner_src: str, job: dict, root: bool) ->
   """
   os.setsid()  # "my process group" (kill(0, ...)) then stays inside the namespace
   new_root = os.getcwd()  # the controller's empty scratch dir; the tmpfs hides it
-  python = os.path.realpath(sys.executable)  # the venv's symlink is not inside the new root
+  python = _interpreter()
   _build_root(libc, new_root, spec["limits"]["scratch_mb"])
   pid = os.fork()
   if pid == 0:
@@ -265,6 +267,64 @@ def _namespace_init(libc, spec: dict, runner_src: str, job: dict, root: bool) ->
     done, status = os.wait()
     if done == pid:
       os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+
+
+def _run_unnamespaced(libc, spec: dict, runner_src: str, job: dict, root: bool) -> None:
+  """Fallback modes: the runner in this (forked) interpreter, after the limits and the uid drop."""
+  nproc = spec["limits"]["nproc"]
+  if not root:  # RLIMIT_NPROC counts every process of our uid, so allow what already runs
+    nproc += _own_process_count()
+  job["block_sockets"] = True  # no network namespace: best-effort Python-level block
+  os.environ["TMPDIR"] = os.environ["HOME"] = os.getcwd()
+  if root:
+    _pin_sys_path()
+  _set_limits(spec["limits"], nproc)
+  _become_sandbox_user(libc, spec["uid"] if root else None)
+  scope = {"__name__": "_sandbox_runner"}
+  exec(compile(runner_src, "_sandbox_runner.py", "exec"), scope)
+  scope["main"](job)
+
+
+def _kill_uid(uid: int) -> None:
+  for _ in range(5):  # a forking straggler may spawn between scans
+    pids = []
+    for entry in os.scandir("/proc"):
+      try:
+        with open(os.path.join(entry.path, "status")) as f:
+          if any(line.startswith("Uid:") and int(line.split()[1]) == uid for line in f):
+            pids.append(int(entry.name))
+      except (OSError, ValueError):
+        pass
+    for pid in pids:
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except OSError:
+        pass
+    if not pids:
+      return
+
+
+def _supervise(child: int, controller: int, uid) -> None:
+  """Waits for the child and exits with its status; if the controller dies first, nobody would
+  time or clean up this run, so everything of it is killed here (the namespace dies with its PID 1;
+  without namespaces: the process group and, as root, every process of the sandbox uid)."""
+  try:
+    fds = [os.pidfd_open(child), os.pidfd_open(controller)]
+  except OSError:  # kernels before 5.3: poll
+    fds = []
+  while True:
+    done, status = os.waitpid(child, os.WNOHANG)
+    if done:
+      os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+    if os.getppid() != controller:
+      os.kill(child, signal.SIGKILL)
+      if uid is not None:
+        _kill_uid(uid)
+      os.killpg(0, signal.SIGKILL)
+    if fds:
+      select.select(fds, [], [], 1.0)
+    else:
+      time.sleep(0.1)
 
 
 def main() -> None:
@@ -296,30 +356,18 @@ def main() -> None:
     os._exit(EXIT_REFUSED)
   # Written before any untrusted code exists, so the code cannot change what was reported.
   report({"isolation": mode, "detail": why})
-  try:
-    if namespaced:
-      pid = os.fork()  # the child is PID 1 of the new namespace: when it dies, so does the rest
-      if pid:
-        _wait_and_exit(pid)
-      try:
+  # With namespaces the child is PID 1 of the new PID namespace: when it dies, so does the rest.
+  child = os.fork()
+  if child == 0:
+    try:
+      if namespaced:
         _namespace_init(libc, spec, runner_src, job, root)
-      except BaseException:  # noqa: BLE001 -- never let a setup failure run code half-isolated
-        traceback.print_exc()
-        os._exit(EXIT_SETUP)
-    nproc = spec["limits"]["nproc"]
-    if not root:  # RLIMIT_NPROC counts every process of our uid, so allow what already runs
-      nproc += _own_process_count()
-    job["block_sockets"] = True  # no network namespace: best-effort Python-level block
-    if root:
-      _pin_sys_path()
-    _set_limits(spec["limits"], nproc)
-    _become_sandbox_user(libc, spec["uid"] if root else None)
-  except BaseException:  # noqa: BLE001
-    traceback.print_exc()
-    os._exit(EXIT_SETUP)
-  scope = {"__name__": "_sandbox_runner"}
-  exec(compile(runner_src, "_sandbox_runner.py", "exec"), scope)
-  scope["main"](job)
+      else:
+        _run_unnamespaced(libc, spec, runner_src, job, root)
+    except BaseException:  # noqa: BLE001 -- never let a setup failure run code half-isolated
+      traceback.print_exc()
+      os._exit(EXIT_SETUP)
+  _supervise(child, spec["controller_pid"], spec["uid"] if root and not namespaced else None)
 
 
 if __name__ == "__main__":
