@@ -105,7 +105,7 @@ def build_config(spec: RunSpec, workdir: str):
 def _child(spec_path: str) -> None:
   from experiments.train import ensure_model
   from flashrl_jax.controller import run
-  from flashrl_jax.controller._plot import plot_run
+  from flashrl_jax.controller import plot_run
   with open(spec_path) as f:
     raw = json.load(f)
   spec = RunSpec(raw["name"], raw["overrides"], raw["config"])

@@ -2,7 +2,7 @@
 
 from absl import app, flags
 
-from flashrl_jax.controller._plot import plot_run
+from flashrl_jax.controller import plot_run
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with metrics.jsonl.", required=True)
 

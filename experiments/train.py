@@ -145,7 +145,7 @@ def main(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)
   ensure_model(config)
   from flashrl_jax.controller import run
-  from flashrl_jax.controller._progress import ProgressReporter
+  from flashrl_jax.controller import ProgressReporter
   with ProgressReporter(config.steps, enabled=FLAGS.progress) as progress:
     summary = run(config, on_step=progress.update)
   print(f"run finished: {summary.samples_trained} samples in {summary.wall_s:.1f}s "
@@ -159,7 +159,7 @@ def main(argv):
   if first and last:
     print(f"held-out P(exact answer): {first[0]:.3f} -> {last[-1]:.3f}")
   if config.plot:
-    from flashrl_jax.controller._plot import plot_run
+    from flashrl_jax.controller import plot_run
     for path in plot_run(summary.workdir):
       print(f"plot: {path}")
 

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import urllib.request
 
-from flashrl_jax.testing import _stub
 from flashrl_jax.fleet import LocalServers
-from flashrl_jax.testing._stub import stub_logprob, stub_next_token
+from flashrl_jax.testing import stub_logprob, stub_next_token, stub_server_command
 
 # Run as a script: `python -m flashrl_jax.testing._stub` works too but imports JAX via the package.
-STUB_COMMAND = (sys.executable, _stub.__file__)
+STUB_COMMAND = stub_server_command()
 VOCAB = 1000
 
 

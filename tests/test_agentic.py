@@ -12,15 +12,14 @@ import numpy as np
 import pytest
 
 from flashrl_jax import envs
-from flashrl_jax.controller._agentic import (EnvGroupRunner, LockstepRound, collect_lockstep,
-                                             level_seed)
-from flashrl_jax.controller._agentic_config import ID_STRIDE, AgenticConfig, DropCause
-from flashrl_jax.controller._agentic_episode import (AgenticStats, EpisodeDeps, FixedLevel,
-                                                     env_factory)
-from flashrl_jax.controller._loops import to_trajectories
-from flashrl_jax.controller._source import PromptSource
-from flashrl_jax.fleet import PauseMode, RolloutClient, SamplingParams, Supervisor
-from flashrl_jax.model._tokenizer import char_tokenizer
+from flashrl_jax.controller import (AgenticConfig, AgenticStats, Counters, DropCause,
+                                   EnvGroupRunner, EpisodeDeps, FixedLevel, PromptSource,
+                                   collect_lockstep, to_trajectories)
+from flashrl_jax.controller._agentic import LockstepRound, level_seed
+from flashrl_jax.controller._agentic_config import ID_STRIDE
+from flashrl_jax.controller._agentic_episode import env_factory
+from flashrl_jax.fleet import Fleet, PauseMode, RolloutClient, SamplingParams
+from flashrl_jax.model import char_tokenizer
 from flashrl_jax.trainer import BatchConfig, pack
 from tests.rollout_stubs import configure, start_stubs
 
@@ -64,30 +63,30 @@ def unreliable_factory(level_seed: int, candidate: int) -> envs.AsyncEnvironment
   return envs.AsyncEnv(game, GAME.latency, failure)
 
 
-def _runner(client, make_env, *, n, candidates, groups=8, max_episodes=0):
-  deps = EpisodeDeps(client=client, tokenizer=char_tokenizer(),
+def _runner(fleet, make_env, *, n, candidates, groups=8, max_episodes=0):
+  deps = EpisodeDeps(fleet=fleet, tokenizer=char_tokenizer(),
                      sampling=SamplingParams(max_new_tokens=6, stop_token_ids=(2,)),
-                     make_env=make_env, published_version=lambda: 0, stats=AgenticStats(),
+                     make_env=make_env, stats=AgenticStats(),
                      row_length=640, max_response_length=400, step_timeout_s=10.0)
   config = AgenticConfig(env_group_size=candidates, max_episodes_per_group=max_episodes)
   return EnvGroupRunner(deps, config, group_size=n, concurrent_groups=groups, task_seed=7)
 
 
-def _client(urls):
-  return RolloutClient(urls, request_timeout_s=10.0, max_retries=3, health_interval_s=0.2,
-                       vocab_size=VOCAB)
+def _fleet(urls):
+  return Fleet(RolloutClient(urls, request_timeout_s=10.0, max_retries=3, health_interval_s=0.2,
+                             vocab_size=VOCAB), pause_mode=PauseMode.ABORT)
 
 
 def _counts(runner):
-  return {c: runner.stats.counters[f"episodes_dropped/{c.value}"] for c in DropCause}
+  return dict(runner.stats.counts.dropped)
 
 
 def test_episode_is_one_trajectory_with_masked_observations(stubs):
   tok = char_tokenizer()
 
   async def main():
-    async with _client(stubs.urls) as client:
-      runner = _runner(client, env_factory(GAME), n=1, candidates=1)
+    async with _fleet(stubs.urls) as fleet:
+      runner = _runner(fleet, env_factory(GAME), n=1, candidates=1)
       return await runner.run(runner.new_group(5, envs.Sample("", "")))
 
   group = asyncio.run(main())
@@ -118,8 +117,8 @@ def test_slow_and_failing_envs_never_stall_env_level_async(stubs):
   fail-slow one is outrun and cancelled; all 6 groups complete before one slow episode would."""
 
   async def main():
-    async with _client(stubs.urls) as client:
-      runner = _runner(client, unreliable_factory, n=2, candidates=4)
+    async with _fleet(stubs.urls) as fleet:
+      runner = _runner(fleet, unreliable_factory, n=2, candidates=4)
       start = time.monotonic()
       groups = await asyncio.gather(*(runner.run(runner.new_group(i, envs.Sample("", "")))
                                       for i in range(6)))
@@ -146,8 +145,8 @@ def _always_fails(level_seed_, candidate):
 
 def test_group_that_cannot_finish_fails_for_reissue(stubs):
   async def main():
-    async with _client(stubs.urls) as client:
-      runner = _runner(client, _always_fails, n=1, candidates=1, max_episodes=2)
+    async with _fleet(stubs.urls) as fleet:
+      runner = _runner(fleet, _always_fails, n=1, candidates=1, max_episodes=2)
       with pytest.raises(RuntimeError, match="every candidate dropped"):
         await runner.run(runner.new_group(0, envs.Sample("", "")))
       return runner
@@ -160,11 +159,11 @@ def test_lockstep_baseline_waits_at_every_barrier(stubs):
   """Same candidates in lock-step: correct groups, but every turn waits for the slow environment."""
 
   async def main():
-    async with _client(stubs.urls) as client:
-      runner = _runner(client, unreliable_factory, n=2, candidates=4)
+    async with _fleet(stubs.urls) as fleet:
+      runner = _runner(fleet, unreliable_factory, n=2, candidates=4)
       source = PromptSource(samples=[envs.Sample("", "")])
       start = time.monotonic()
-      counters = {"failed_groups": 0}
+      counters = Counters()
       groups, times = await collect_lockstep(runner, source, 2, 3, counters)
       return runner, groups, times, counters, time.monotonic() - start
 
@@ -172,15 +171,15 @@ def test_lockstep_baseline_waits_at_every_barrier(stubs):
   assert len(groups) == 2 and all(len(g.responses) == 2 for g in groups)
   assert elapsed >= EPISODE.max_turns * STEP_S * 10 * 0.9  # the slow candidate sets the pace
   assert times["time/env_s"] > times["time/generate_s"]
-  assert counters["redundant_groups"] == 1  # 3 started, the first 2 complete were trained
+  assert counters.redundant_groups == 1  # 3 started, the first 2 complete were trained
   assert len({r.sample_id for g in groups for r in g.responses}) == 4
   assert _counts(runner)[DropCause.ENV_FAILURE] == 6
 
 
 def test_lockstep_round_reports_partial_when_everything_fails(stubs):
   async def main():
-    async with _client(stubs.urls) as client:
-      runner = _runner(client, _always_fails, n=1, candidates=1, max_episodes=2)
+    async with _fleet(stubs.urls) as fleet:
+      runner = _runner(fleet, _always_fails, n=1, candidates=1, max_episodes=2)
       groups = [runner.new_group(i, envs.Sample("", "")) for i in range(2)]
       lockstep = LockstepRound(runner, groups, 2)
       return await lockstep.play(), lockstep
@@ -197,11 +196,11 @@ def test_malformed_responses_are_rejected_and_retried(stubs, mode):
   configure(bad, misbehave=mode)
   try:
     async def main():
-      async with _client(stubs.urls) as client:
-        runner = _runner(client, env_factory(GAME), n=2, candidates=2)
+      async with _fleet(stubs.urls) as fleet:
+        runner = _runner(fleet, env_factory(GAME), n=2, candidates=2)
         groups = await asyncio.gather(*(runner.run(runner.new_group(i, envs.Sample("", "")))
                                         for i in range(3)))
-        return groups, client.stats()
+        return groups, fleet.stats().client
 
     groups, stats = asyncio.run(main())
   finally:
@@ -221,26 +220,20 @@ def test_weight_update_mid_episode_continues_the_turn(stubs, tmp_path):
   the new version, tokens carry the version that produced them, staleness counts from turn one."""
   weights = tmp_path / "weight_v000001"
   weights.mkdir()
-  version = {"v": 0}
   for url in stubs.urls:
     configure(url, token_latency_s=0.02)
   try:
     async def main():
-      async with _client(stubs.urls) as client:
-        await client.update_weights_from_disk(str(weights), "0")
-        runner = _runner(client, env_factory(GAME), n=2, candidates=2)
-        runner.deps.published_version = lambda: version["v"]
-        sup = Supervisor(client, servers=None, counters={},
-                         current_version=lambda: (str(weights), version["v"]))
-        async with sup:
-          tasks = [asyncio.create_task(runner.run(runner.new_group(i, envs.Sample("", ""))))
-                   for i in range(2)]
-          while sum(s.in_flight for s in client.stats().servers) < 2:  # turns are generating
-            await asyncio.sleep(0.005)
-          await sup.handoff(str(weights), 1, PauseMode.ABORT)
-          version["v"] = 1
-          groups = await asyncio.gather(*tasks)
-          return groups, client.stats()
+      async with _fleet(stubs.urls) as fleet:
+        await fleet.publish(str(weights), 0)
+        runner = _runner(fleet, env_factory(GAME), n=2, candidates=2)
+        tasks = [asyncio.create_task(runner.run(runner.new_group(i, envs.Sample("", ""))))
+                 for i in range(2)]
+        while sum(s.in_flight for s in fleet.stats().client.servers) < 2:  # turns are generating
+          await asyncio.sleep(0.005)
+        await fleet.publish(str(weights), 1)
+        groups = await asyncio.gather(*tasks)
+        return groups, fleet.stats().client
 
     groups, stats = asyncio.run(main())
   finally:

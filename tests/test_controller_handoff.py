@@ -1,6 +1,7 @@
-"""Checkpoint-based weight handoff mid-generation, with a real server process and a real trainer:
-every token and behaviour log-prob survives the publish in both pause modes, tokens carry the version
-that produced them, and (abort mode) each token's log-prob is what that version's weights give."""
+"""The run's weight handoff (`Learner.export` then `Fleet.publish`, the one implementation) mid-
+generation, with a real server process loading real exported versions and a real trainer: every
+token and behaviour log-prob survives the publish in both pause modes, tokens carry the version that
+produced them, and (abort mode) each token's log-prob is what that version's weights give."""
 
 import asyncio
 
@@ -9,13 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flashrl_jax.controller._handoff import export_current, publish_version
+from flashrl_jax.controller import Learner
+from flashrl_jax.fleet import Fleet, LocalServers, PauseMode, RolloutClient, SamplingParams
 from flashrl_jax.model import load_hf, token_logprobs
-from flashrl_jax.fleet import LocalServers, PauseMode, RolloutClient, SamplingParams
 from flashrl_jax.testing import tiny_config, write_tiny_checkpoint
-from flashrl_jax.trainer import (BatchConfig, MeshConfig, OptimizerConfig, TrainConfig, Trainer,
-                                 make_mesh, random_trajectories)
-from flashrl_jax.trainer._export import VersionStore
+from flashrl_jax.trainer import (BatchConfig, CheckpointConfig, Checkpointer, MeshConfig,
+                                 OptimizerConfig, TrainConfig, Trainer, VersionStore, make_mesh,
+                                 random_trajectories)
 
 NEW_TOKENS = 600
 
@@ -49,30 +50,34 @@ def _recomputed_logp(path, prompt, output):
 def test_publish_mid_generation_keeps_every_token(setup, mode):
   trainer, servers, root, config = setup
   store = VersionStore(str(root / f"versions_{mode.value}"))
+  learner = Learner(trainer, store, Checkpointer(CheckpointConfig(str(root / "ckpt"))),
+                    keep_versions=4)
   prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
   sampling = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.0, seed=3, ignore_eos=True)
 
   async def scenario():
-    async with RolloutClient(servers.urls, request_timeout_s=120) as client:
-      base = trainer.policy_version
-      await client.update_weights_from_disk(export_current(trainer, store), str(base))
+    client = RolloutClient(servers.urls, request_timeout_s=120)
+    async with Fleet(client, pause_mode=mode, servers=servers) as fleet:
+      base = learner.policy_version
+      await fleet.publish(learner.export(), base)
       # Train first (compiling takes longer than a generation), publish while generating.
       rng = np.random.default_rng(0)
       trainer.update(random_trajectories(rng, 8, vocab_size=config.vocab_size,
                                          prompt_lengths=(2, 8), response_lengths=(4, 16)))
-      export_current(trainer, store)  # written ahead, so the publish below is only the handoff
+      path = learner.export()  # written ahead, so the publish below is only the handoff
       for _ in range(2):  # warm up, then time a warm round
         start = asyncio.get_running_loop().time()
-        await asyncio.gather(*(client.generate(p, sampling) for p in prompts))
+        await asyncio.gather(*(fleet.generate(p, sampling) for p in prompts))
         duration = asyncio.get_running_loop().time() - start
-      tasks = [asyncio.create_task(client.generate(p, sampling)) for p in prompts]
+      tasks = [asyncio.create_task(fleet.generate(p, sampling)) for p in prompts]
       await asyncio.sleep(0.3 * duration)  # publish about a third of the way through
-      timings = await publish_version(trainer, store, client, mode, keep_versions=4)
+      timings = await fleet.publish(path, learner.policy_version)
+      assert fleet.stats().version == learner.policy_version
       return base, await asyncio.gather(*tasks), timings
 
   base, results, timings = asyncio.run(scenario())
   new = base + 1
-  assert set(timings) == {"time/export_s", "time/pause_s", "time/load_s", "time/resume_s"}
+  assert set(timings) == {"time/pause_s", "time/load_s", "time/resume_s"}
   spanning = 0
   for prompt, result in zip(prompts, results):
     # Nothing lost: every token, with one log-prob and one version each.

@@ -46,14 +46,12 @@ def _generate_all(client, n: int, tokens: int = 20):
 def test_killed_server_is_restarted_and_rejoins_at_current_version(tmp_path):
   weights = tmp_path / "weight_v000003"
   weights.mkdir()
-  counters: dict[str, int] = {}
   with start_stubs(3, "stub", "--token_latency_s=0.01", log_dir=str(tmp_path)) as servers:
     victim = servers.urls[1]
 
     async def main():
       async with _client(servers.urls) as client:
-        sup = Supervisor(client, servers=servers, counters=counters, config=FAST,
-                         current_version=lambda: (str(weights), 3))
+        sup = Supervisor(client, servers=servers, served=(str(weights), 3), config=FAST)
         async with sup:
           prompts, tasks = _generate_all(client, 30)
           await asyncio.sleep(0.08)
@@ -65,10 +63,10 @@ def test_killed_server_is_restarted_and_rejoins_at_current_version(tmp_path):
           assert _version(victim) == "3"  # loaded the current version before rejoining
           prompts, tasks = _generate_all(client, 12)
           await asyncio.gather(*tasks)
-          return client.stats()
+          return client.stats(), sup
 
-    stats = asyncio.run(main())
-  assert counters["server_restarts"] == 1 and counters["server_failures"] == 1
+    stats, sup = asyncio.run(main())
+  assert sup.restarts == 1 and sup.failures == 1
   assert stats.num_retries >= 1
   assert {s.url: s.num_requests for s in stats.servers}[victim] >= 1  # serving again
 
@@ -78,40 +76,36 @@ def test_hung_server_is_restarted(tmp_path):
   retried elsewhere; the supervisor restarts it (which clears the hang) and it rejoins."""
   weights = tmp_path / "weight_v000001"
   weights.mkdir()
-  counters: dict[str, int] = {}
   with start_stubs(2, "stub", log_dir=str(tmp_path)) as servers:
     victim = servers.urls[0]
     configure(victim, misbehave="hang")
 
     async def main():
       async with _client(servers.urls, request_timeout_s=0.5) as client:
-        sup = Supervisor(client, servers=servers, counters=counters, config=FAST,
-                         current_version=lambda: (str(weights), 1))
+        sup = Supervisor(client, servers=servers, served=(str(weights), 1), config=FAST)
         async with sup:
           prompts, tasks = _generate_all(client, 8, tokens=5)
           results = await asyncio.gather(*tasks)
           assert [r.output_ids for r in results] == [expected(p, 5)[0] for p in prompts]
-          await _until(lambda: counters["server_restarts"] >= 1 and not sup.recovering)
+          await _until(lambda: sup.restarts >= 1 and not sup.recovering)
           assert _version(victim) == "1"
           prompts, tasks = _generate_all(client, 8, tokens=5)
           await asyncio.gather(*tasks)
+          return sup
 
-    asyncio.run(main())
-  assert counters["server_restarts"] >= 1
+    assert asyncio.run(main()).restarts >= 1
 
 
 def test_publish_goes_on_when_a_server_is_dead(tmp_path):
   weights = tmp_path / "weight_v000002"
   weights.mkdir()
-  counters: dict[str, int] = {}
   with start_stubs(2, "stub", log_dir=str(tmp_path)) as servers:
     dead, alive = servers.urls
 
     async def main():
       async with _client(servers.urls) as client:
         slow_watch = SupervisorConfig(poll_s=30.0)  # the publish, not the watcher, finds it
-        sup = Supervisor(client, servers=servers, counters=counters, config=slow_watch,
-                         current_version=lambda: (str(weights), 2))
+        sup = Supervisor(client, servers=servers, served=(str(weights), 2), config=slow_watch)
         async with sup:
           servers.kill(0)
           times = await sup.handoff(str(weights), 2, PauseMode.ABORT)
@@ -121,9 +115,9 @@ def test_publish_goes_on_when_a_server_is_dead(tmp_path):
           assert _version(dead) == "2" and dead in client.urls
           prompts, tasks = _generate_all(client, 4, tokens=5)  # nobody left paused
           await asyncio.wait_for(asyncio.gather(*tasks), 10)
+          return sup
 
-    asyncio.run(main())
-  assert counters["server_restarts"] == 1
+    assert asyncio.run(main()).restarts == 1
 
 
 def test_orphaned_servers_of_a_killed_controller_are_reaped(tmp_path):
@@ -151,14 +145,12 @@ def test_external_server_that_comes_back_reloads_before_rejoining(tmp_path):
   so no request runs on the initial weights it restarted with."""
   weights = tmp_path / "weight_v000004"
   weights.mkdir()
-  counters: dict[str, int] = {}
   with start_stubs(2, "stub", "--token_latency_s=0.01", log_dir=str(tmp_path)) as servers:
     victim = servers.urls[1]
 
     async def main():
       async with _client(servers.urls) as client:
-        sup = Supervisor(client, servers=None, counters=counters, config=FAST,
-                         current_version=lambda: (str(weights), 4))
+        sup = Supervisor(client, servers=None, served=(str(weights), 4), config=FAST)
         async with sup:
           prompts, tasks = _generate_all(client, 20)
           await asyncio.sleep(0.08)
@@ -169,6 +161,7 @@ def test_external_server_that_comes_back_reloads_before_rejoining(tmp_path):
           assert [r.output_ids for r in results] == [expected(p, 20)[0] for p in prompts]
           await _until(lambda: victim in client.urls and not sup.recovering)
           assert _version(victim) == "4"
+          return sup
 
-    asyncio.run(main())
-  assert counters["server_failures"] == 1 and counters["server_restarts"] == 0
+    sup = asyncio.run(main())
+  assert sup.failures == 1 and sup.restarts == 0

@@ -1,7 +1,7 @@
 """Env-level async vs the sync lock-step agentic loop, same servers and env slots, one run.
 
-Both modes are the real training loops (`run_async` driving `EnvGroupRunner`, and
-`run_agentic_sync` driving the lock-step rounds), the real rollout client, real server processes
+Both modes are the real training loop (`Loop`: async driving `EnvGroupRunner`, sync driving the
+lock-step rounds), the real rollout client, real server processes
 and the real weight handoff (pause in abort mode -> load -> continue) after every step. Episodes are
 multi-turn FrozenLake whose environment steps take a long-tailed time (a tool or sandbox call:
 lognormal body, median `--env_median_s`, 5% of steps 10x longer; plus 2% fail-slow steps at another
@@ -28,22 +28,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sys
 import tempfile
 import time
 
 from absl import app, flags
 
 from flashrl_jax import envs
-from flashrl_jax.controller import AgenticConfig, Mode, RunConfig, TaskConfig
-from flashrl_jax.controller._agentic import EnvGroupRunner, run_agentic_sync
-from flashrl_jax.controller._agentic_episode import AgenticStats, EpisodeDeps, FixedLevel
-from flashrl_jax.controller._loops import LoopContext, run_async
-from flashrl_jax.controller._metrics import MetricsLogger
-from flashrl_jax.controller._source import PromptSource
-from flashrl_jax.fleet import LocalServers, PauseMode, RolloutClient, SamplingParams, Supervisor
-from flashrl_jax.model._tokenizer import char_tokenizer
-from flashrl_jax.testing import _stub
+from flashrl_jax.controller import (AgenticConfig, AgenticStats, Counters, EnvGroupRunner,
+                                   EpisodeDeps, FixedLevel, Loop, MetricsLogger, Mode,
+                                   PromptSource, RunConfig, TaskConfig)
+from flashrl_jax.fleet import Fleet, LocalServers, PauseMode, RolloutClient, SamplingParams
+from flashrl_jax.model import char_tokenizer
+from flashrl_jax.testing import stub_server_command
 
 _STEPS = flags.DEFINE_integer("steps", 4, "Training steps per mode.")
 _BATCH = flags.DEFINE_integer("batch_size", 8, "Env groups per step (B).")
@@ -78,16 +74,29 @@ def make_env(level_seed: int, candidate: int) -> envs.AsyncEnvironment:
                        config.failure)
 
 
-class SleepTrainer:
-  """Stands in for `Trainer`: a fixed train time per step, and the policy version."""
+class SleepLearner:
+  """Stands in for `Learner`: a fixed train time per step, the policy version, and one weights
+  directory published as every version (no checkpoints, no evaluation)."""
 
-  def __init__(self, seconds: float):
-    self.seconds, self.policy_version = seconds, 0
+  def __init__(self, seconds: float, weights: str):
+    self.seconds, self.weights, self.policy_version = seconds, weights, 0
 
   def update(self, trajectories) -> dict[str, float]:
     time.sleep(self.seconds)
     self.policy_version += 1
     return {"num_trajectories": float(len(trajectories))}
+
+  def export(self) -> str:
+    return self.weights
+
+  def collect_garbage(self) -> None:
+    pass
+
+  def evaluate(self) -> None:
+    return None
+
+  def save(self, step, extra) -> None:
+    del step, extra
 
 
 async def measure(urls: list[str], mode: Mode, workdir: str, weights: str, *,
@@ -98,34 +107,26 @@ async def measure(urls: list[str], mode: Mode, workdir: str, weights: str, *,
   config = RunConfig(model_path=workdir, workdir=workdir, task=TaskConfig(env=env_config()),
                      mode=mode, async_ratio=1 if mode is Mode.ASYNC else 0, steps=_STEPS.value,
                      batch_size=b, group_size=n, agentic=agentic)
-  trainer = SleepTrainer(_TRAIN_S.value)
-  async with RolloutClient(urls, request_timeout_s=60.0, vocab_size=VOCAB) as client:
-    await client.update_weights_from_disk(weights, "0")
-    deps = EpisodeDeps(client=client, tokenizer=char_tokenizer(),
+  learner = SleepLearner(_TRAIN_S.value, weights)
+  counters = Counters()
+  client = RolloutClient(urls, request_timeout_s=60.0, vocab_size=VOCAB)
+  async with Fleet(client, pause_mode=PauseMode.ABORT) as fleet:
+    deps = EpisodeDeps(fleet=fleet, tokenizer=char_tokenizer(),
                        sampling=SamplingParams(max_new_tokens=_TURN_TOKENS.value),
-                       make_env=make_env, published_version=lambda: ctx.published_version,
-                       stats=AgenticStats(), row_length=4096, max_response_length=3500,
-                       step_timeout_s=agentic.env_step_timeout_s)
+                       make_env=make_env, stats=AgenticStats(counters.episodes), row_length=4096,
+                       max_response_length=3500, step_timeout_s=agentic.env_step_timeout_s)
     runner = EnvGroupRunner(deps, agentic, group_size=n, concurrent_groups=b)
-    supervisor = Supervisor(client, servers=None, counters={},
-                            current_version=lambda: (weights, trainer.policy_version))
-    ctx = LoopContext(config=config, trainer=trainer, client=client, runner=runner,
-                      source=PromptSource(samples=[envs.Sample("", "")]), store=None,
-                      logger=MetricsLogger(workdir, tensorboard=False),
-                      save_checkpoint=lambda step, pending: {})
-    ctx.publish = lambda: supervisor.handoff(weights, trainer.policy_version, PauseMode.ABORT)
-    ctx.extra_metrics = runner.stats.report
-    runner.stats.bind(ctx.counters)
+    logger = MetricsLogger(workdir, tensorboard=False)
     start = time.perf_counter()
-    async with supervisor:
-      await (run_async if mode is Mode.ASYNC else run_agentic_sync)(ctx)
+    await Loop(config, fleet=fleet, learner=learner,
+               source=PromptSource(samples=[envs.Sample("", "")]), runner=runner,
+               counters=counters, logger=logger).run()
     wall = time.perf_counter() - start
-    ctx.logger.close()
-  episodes = ctx.counters["samples_trained"]
-  return {"episodes_per_s": episodes / wall, "env_steps_per_s": ctx.counters["env_steps"] / wall,
+    logger.close()
+  episodes = counters.samples_trained
+  return {"episodes_per_s": episodes / wall, "env_steps_per_s": counters.episodes.env_steps / wall,
           "wall_s": wall, "episodes": episodes,
-          "dropped": {k.split("/")[-1]: v for k, v in ctx.counters.items()
-                      if k.startswith("episodes_dropped/") and v}}
+          "dropped": {k.value: v for k, v in counters.episodes.dropped.items() if v}}
 
 
 def main(argv):
@@ -133,7 +134,7 @@ def main(argv):
   out = tempfile.mkdtemp(prefix="agentic_bench_")
   weights = tempfile.mkdtemp(prefix="weights_", dir=out)
   servers = LocalServers.start(
-      "stub", _SERVERS.value, command=(sys.executable, _stub.__file__), log_dir=out,
+      "stub", _SERVERS.value, command=stub_server_command(), log_dir=out,
       extra_args=(f"--vocab_size={VOCAB}", "--max_running_requests=512",
                   f"--latency_s={_TTFT_S.value}", f"--token_latency_s={_TOKEN_S.value}"))
   b, n = _BATCH.value, _GROUP.value

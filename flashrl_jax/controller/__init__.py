@@ -3,24 +3,37 @@
 The scheduling rules it runs (staleness bound, sample buffer, pause modes) are
 `flashrl_jax.scheduling`, shared with the simulator.
 
-`run(RunConfig)` is the whole run; `experiments/train.py` is its absl front end.
+`run(RunConfig)` is the whole run; `experiments/train.py` is its absl front end. A run is a `Loop`
+over a `Fleet` (rollout), a `Learner` (trainer, checkpoints, exported versions), a `PromptSource`,
+a `SampleBuffer` and typed `Counters`.
 """
 
+from flashrl_jax.controller._agentic import EnvGroupRunner, collect_lockstep
 from flashrl_jax.controller._agentic_config import AgenticConfig, DropCause
+from flashrl_jax.controller._agentic_episode import AgenticStats, EpisodeDeps, FixedLevel
 from flashrl_jax.controller._config import (Mode, ResourceConfig, RolloutBackend, RolloutConfig,
                                             RunConfig, TaskConfig)
+from flashrl_jax.controller._counters import Counters, EpisodeCounts
+from flashrl_jax.controller._group_runner import GroupRunner
+from flashrl_jax.controller._learner import Learner
+from flashrl_jax.controller._loops import Loop, to_trajectories
 from flashrl_jax.controller._metrics import MetricsLogger, read_metrics, step_sample_metrics
+from flashrl_jax.controller._placement import Placement, plan_placement
+from flashrl_jax.controller._progress import ProgressReporter
+from flashrl_jax.controller._run import RunSummary, run
 from flashrl_jax.controller._samples import Group, Response
 from flashrl_jax.controller._source import PromptSource
 
 __all__ = [
-    "AgenticConfig", "DropCause", "Group", "MetricsLogger", "Mode", "PromptSource", "ResourceConfig", "Response",
-    "RolloutBackend", "RolloutConfig", "RunConfig", "TaskConfig", "read_metrics", "run",
-    "step_sample_metrics",
+    "AgenticConfig", "AgenticStats", "Counters", "DropCause", "EnvGroupRunner", "EpisodeCounts",
+    "EpisodeDeps", "FixedLevel", "Group", "GroupRunner", "Learner", "Loop", "MetricsLogger", "Mode",
+    "Placement", "ProgressReporter", "PromptSource", "ResourceConfig", "Response",
+    "RolloutBackend", "RolloutConfig", "RunConfig", "RunSummary", "TaskConfig", "collect_lockstep",
+    "plan_placement", "plot_run", "read_metrics", "run", "step_sample_metrics", "to_trajectories",
 ]
 
 
-def run(config, **kwargs):
-  """Runs one RL job (imported lazily: it pulls in the trainer, the client and orbax)."""
-  from flashrl_jax.controller._run import run as _run
-  return _run(config, **kwargs)
+def plot_run(workdir: str, window: int = 11) -> list[str]:
+  """PNG curves of a run's metrics (imported lazily: matplotlib is slow to import)."""
+  from flashrl_jax.controller._plot import plot_run as _plot_run
+  return _plot_run(workdir, window)

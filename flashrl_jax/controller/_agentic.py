@@ -3,7 +3,7 @@
 Env-level async (ROLL Flash): every candidate episode is its own task that runs reset -> generate ->
 step -> generate ... with no barrier across environments, so while one environment waits for a slow
 tool call the servers generate for the others. `EnvGroupRunner` has the interface of `GroupRunner`
-(`new_group`, `run`), so the async RLVR loop (`run_async`) drives it unchanged: the same staleness
+(`new_group`, `run`, `report`), so the async loop (`Loop`) drives it unchanged: the same staleness
 bound, sample buffer, admission rule and weight handoff, with staleness counted from an episode's
 first turn. Redundant env rollout: a group starts `env_group_size` >= n candidates on the same level
 and keeps the first n to finish; a dropped episode (the environment raised or timed out, the
@@ -11,7 +11,7 @@ generation failed) is replaced by a fresh candidate, keeping the margin over n; 
 cancelled and counted. A group
 that cannot be completed within `max_episodes_per_group` fails, and its prompt is re-issued.
 
-Sync baseline (`run_agentic_sync`): per step, `num_env_groups` groups of candidates advance in
+Sync baseline (`collect_lockstep`, driven by the sync loop): per step, `num_env_groups` groups of candidates advance in
 lock-step, with a barrier per phase: reset all, then per turn generate for every live episode and
 wait for all, step every environment and wait for all. The first B complete groups are trained; the
 rest are cancelled and counted. Same episode code, same servers, same resources.
@@ -32,10 +32,10 @@ from flashrl_jax.controller._agentic_config import AgenticConfig, DropCause
 from flashrl_jax.controller._agentic_episode import (AgenticStats, Episode, EpisodeDeps,
                                                      EpisodeDropped, env_factory)
 from flashrl_jax.controller._config import Mode
-from flashrl_jax.controller._loops import LoopContext, _train_and_publish
+from flashrl_jax.controller._counters import Counters
 from flashrl_jax.controller._samples import Group, Response
 from flashrl_jax.controller._source import PromptSource
-from flashrl_jax.fleet import RequestRejected, SamplingParams
+from flashrl_jax.fleet import Fleet, RequestRejected, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def level_seed(task_seed: int, prompt_index: int) -> int:
 
 
 class EnvGroupRunner:
-  """Plays environment groups; `new_group` / `run` as `GroupRunner`, for `run_async`."""
+  """Plays environment groups; `new_group` / `run` / `report` as `GroupRunner`, for the loop."""
 
   def __init__(self, deps: EpisodeDeps, config: AgenticConfig, *, group_size: int,
                concurrent_groups: int, task_seed: int = 0):
@@ -66,7 +66,11 @@ class EnvGroupRunner:
   def new_group(self, index: int, sample: envs.Sample) -> Group:
     # prompt_ids are the first observation, filled in by the first candidate's reset.
     return Group(prompt_index=index, sample=sample, prompt_ids=[], n=self.group_size,
-                 dispatched_version=self.deps.published_version())
+                 dispatched_version=self.deps.fleet.version)
+
+  def report(self) -> dict[str, float]:
+    """Environment-step latency percentiles since the last report."""
+    return self.stats.report()
 
   def episode(self, group: Group, candidate: int) -> Episode:
     return Episode(self.deps, group, candidate, level_seed(self.task_seed, group.prompt_index))
@@ -219,7 +223,7 @@ async def _observe_unless_done(episode: Episode) -> None:
 
 
 async def collect_lockstep(runner: EnvGroupRunner, source: PromptSource, batch_size: int,
-                           num_groups: int, counters: dict[str, int]
+                           num_groups: int, counters: Counters
                            ) -> tuple[list[Group], dict[str, float]]:
   """B complete groups played in lock-step; another round starts if failures left the step short."""
   taken: list[Group] = []
@@ -232,38 +236,25 @@ async def collect_lockstep(runner: EnvGroupRunner, source: PromptSource, batch_s
     for key, value in lockstep.times.items():
       times[key] += value
     taken += got
-    counters["redundant_groups"] = (counters.get("redundant_groups", 0) + len(groups) - len(got)
-                                    - len(lockstep.failed))
+    counters.redundant_groups += len(groups) - len(got) - len(lockstep.failed)
     for group in lockstep.failed:
-      counters["failed_groups"] += 1
+      counters.failed_groups += 1
       source.give_back(group.prompt_index)
     if len(taken) == batch_size:
       return taken, times
   raise RuntimeError("lock-step rollout could not complete a step in 20 rounds; check the env.")
 
 
-async def run_agentic_sync(ctx: LoopContext) -> None:
-  """The sync agentic baseline: lock-step rollout of a step, then train, then publish."""
-  cfg = ctx.config
-  runner: EnvGroupRunner = ctx.runner
-  num_groups = cfg.agentic.groups(cfg.batch_size, cfg.async_ratio, is_async=False)
-  for step in range(ctx.start_step, cfg.steps):
-    step_start = time.perf_counter()
-    groups, times = await collect_lockstep(runner, ctx.source, cfg.batch_size, num_groups,
-                                           ctx.counters)
-    times["time/wait_data_s"] = time.perf_counter() - step_start
-    await _train_and_publish(ctx, groups, step, times, step_start)
-
-
-def make_env_runner(config, client, tokenizer, sampling: SamplingParams,
-                    published_version: Callable[[], int]) -> EnvGroupRunner:
-  """The runner of an environment task (`config.task.env`), from the run's typed config."""
+def make_env_runner(config, fleet: Fleet, tokenizer, sampling: SamplingParams,
+                    counters: Counters) -> EnvGroupRunner:
+  """The runner of an environment task (`config.task.env`), from the run's typed config; episode
+  counts go to `counters.episodes`."""
   agentic, batch = config.agentic, config.train.batch
   deps = EpisodeDeps(
-      client=client, tokenizer=tokenizer,
+      fleet=fleet, tokenizer=tokenizer,
       sampling=dataclasses.replace(sampling, max_new_tokens=agentic.turn_max_new_tokens),
-      make_env=env_factory(config.task.env), published_version=published_version,
-      stats=AgenticStats(), row_length=batch.row_length,
+      make_env=env_factory(config.task.env), stats=AgenticStats(counters.episodes),
+      row_length=batch.row_length,
       max_response_length=batch.max_response_length, step_timeout_s=agentic.env_step_timeout_s)
   is_async = config.mode is Mode.ASYNC
   return EnvGroupRunner(deps, agentic, group_size=config.group_size, task_seed=config.task.seed,

@@ -18,18 +18,18 @@ new weights, and its tokens say which version produced them.
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import logging
 import time
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from flashrl_jax import envs
 from flashrl_jax.controller._agentic_config import ID_STRIDE, DropCause
+from flashrl_jax.controller._counters import EpisodeCounts
 from flashrl_jax.controller._samples import Group, Response
-from flashrl_jax.fleet import GenerationError, RequestRejected, RolloutClient, SamplingParams
+from flashrl_jax.fleet import Fleet, GenerationError, RequestRejected, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -82,34 +82,24 @@ def noise_seed(level_seed: int, candidate: int) -> int:
 
 
 class AgenticStats:
-  """Environment-step latencies (per reporting window) and episode counters (cumulative).
+  """Environment-step latencies (per reporting window) and episode counts (cumulative).
 
-  Counters live in the controller's counters dict (`bind`), so they are checkpointed and restored
-  with the run and logged as `total/episodes_...`.
+  The counts are the run's `Counters.episodes`, so they are checkpointed and restored with the run
+  and logged as `total/episodes_...`.
   """
 
-  def __init__(self):
-    self.counters: dict[str, int] = collections.Counter()
+  def __init__(self, counts: EpisodeCounts | None = None):
+    self.counts = counts if counts is not None else EpisodeCounts()
     self._latencies: list[float] = []
-    self.bind(self.counters)
-
-  def bind(self, counters: dict[str, int]) -> None:
-    for key, value in self.counters.items():
-      counters.setdefault(key, value)
-    for cause in DropCause:
-      counters.setdefault(f"episodes_dropped/{cause.value}", 0)
-    for key in ("episodes_finished", "env_steps"):
-      counters.setdefault(key, 0)
-    self.counters = counters
 
   def drop(self, cause: DropCause, count: int = 1) -> None:
-    self.counters[f"episodes_dropped/{cause.value}"] += count
+    self.counts.dropped[cause] += count
 
   def finished(self) -> None:
-    self.counters["episodes_finished"] += 1
+    self.counts.finished += 1
 
   def env_step(self, seconds: float) -> None:
-    self.counters["env_steps"] += 1
+    self.counts.env_steps += 1
     self._latencies.append(seconds)
 
   def report(self) -> dict[str, float]:
@@ -126,11 +116,10 @@ class AgenticStats:
 class EpisodeDeps:
   """What every episode of a run shares."""
 
-  client: RolloutClient
+  fleet: Fleet  # generates each turn; `fleet.version` is the policy version published now
   tokenizer: object  # encode(str) -> list[int], decode(ids) -> str
   sampling: SamplingParams  # one turn; max_new_tokens is the turn budget
   make_env: EnvFactory
-  published_version: Callable[[], int]
   stats: AgenticStats
   row_length: int  # prompt + response must fit one packed training row (and the server context)
   max_response_length: int
@@ -192,11 +181,11 @@ class Episode:
                              f"({len(self.group.prompt_ids)} tokens) leaves no room to answer")
       self._end("context_full")
       return
-    published = self.deps.published_version()
+    published = self.deps.fleet.version
     sampling = dataclasses.replace(self.deps.sampling, max_new_tokens=budget)
     start = time.perf_counter()
     try:
-      result = await self.deps.client.generate(
+      result = await self.deps.fleet.generate(
           list(self.group.prompt_ids) + self.ids, sampling,
           rid=f"ep{self.sample_id}-t{self.turns}-{id(self):x}")
     except RequestRejected as error:
@@ -229,7 +218,7 @@ class Episode:
     if len(obs) >= self._budget():  # no room for the observation and one more turn
       self._end("context_full")
       return
-    version = self.versions[-1] if self.versions else self.deps.published_version()
+    version = self.versions[-1] if self.versions else self.deps.fleet.version
     self.ids += obs
     self.logp += [0.0] * len(obs)
     self.versions += [version] * len(obs)
@@ -250,7 +239,7 @@ class Episode:
   def response(self) -> Response:
     self.deps.stats.finished()
     start = self.start_version if self.start_version is not None else \
-        self.deps.published_version()
+        self.deps.fleet.version
     return Response(
         sample_id=str(self.sample_id), output_ids=list(self.ids), behavior_logp=list(self.logp),
         token_versions=list(self.versions), start_version=start, finish_reason=self.finish,

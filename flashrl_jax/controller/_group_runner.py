@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
 
 from flashrl_jax import envs
 from flashrl_jax.controller._samples import Group, Response
-from flashrl_jax.fleet import GenerationResult, RolloutClient, SamplingParams
+from flashrl_jax.fleet import Fleet, GenerationResult, SamplingParams
 
 
 def _version(v: str, fallback: int) -> int:
@@ -25,16 +24,21 @@ def _version(v: str, fallback: int) -> int:
 
 
 class GroupRunner:
+  """Plays prompt groups of a single-turn task on the fleet; `EnvGroupRunner` is its multi-turn twin
+  (`new_group`, `run`, `report`)."""
 
-  def __init__(self, client: RolloutClient, reward_fn: envs.AsyncRewardFn, tokenizer,
-               sampling: SamplingParams, group_size: int, published_version: Callable[[], int]):
-    self.client, self.reward_fn, self.tokenizer = client, reward_fn, tokenizer
+  def __init__(self, fleet: Fleet, reward_fn: envs.AsyncRewardFn, tokenizer,
+               sampling: SamplingParams, group_size: int):
+    self.fleet, self.reward_fn, self.tokenizer = fleet, reward_fn, tokenizer
     self.sampling, self.group_size = sampling, group_size
-    self.published_version = published_version
 
   def new_group(self, index: int, sample: envs.Sample) -> Group:
     return Group(prompt_index=index, sample=sample, prompt_ids=self.tokenizer.encode(sample.prompt),
-                 n=self.group_size, dispatched_version=self.published_version())
+                 n=self.group_size, dispatched_version=self.fleet.version)
+
+  def report(self) -> dict[str, float]:
+    """Per-step metrics of the rollout itself (none for single-turn tasks)."""
+    return {}
 
   async def run(self, group: Group, *, score: bool = True) -> Group:
     """Generates (and, with `score`, rewards) every response of `group`."""
@@ -46,10 +50,10 @@ class GroupRunner:
     return group
 
   async def _one(self, group: Group, replica: int, score: bool) -> None:
-    dispatched = self.published_version()
+    dispatched = self.fleet.version
     start = time.perf_counter()
     sample_id = group.prompt_index * self.group_size + replica
-    result: GenerationResult = await self.client.generate(
+    result: GenerationResult = await self.fleet.generate(
         group.prompt_ids, self.sampling, rid=f"p{group.prompt_index}-r{replica}-{id(group):x}")
     versions = [_version(v, dispatched) for v in result.token_versions]
     response = Response(

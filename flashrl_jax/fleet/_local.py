@@ -56,7 +56,9 @@ class ServerSpec:
   log_path: str
 
 
-def _device_env(i: int, gpu_ids, tpu_ids) -> dict[str, str]:
+def device_env(i: int, gpu_ids=None, tpu_ids=None) -> dict[str, str]:
+  """The environment that gives server `i` its device: GPUs `gpu_ids[i]`, TPU chip `tpu_ids[i]`,
+  or CPU only."""
   if gpu_ids is not None:
     ids = gpu_ids[i] if isinstance(gpu_ids[i], Sequence) else [gpu_ids[i]]
     return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))}
@@ -86,13 +88,17 @@ class LocalServers:
             module: str = DEFAULT_MODULE, startup_timeout_s: float = 300.0,
             log_dir: str | None = None, python: str = sys.executable,
             env: dict[str, str] | None = None,
+            server_env: Sequence[dict[str, str]] | None = None,
             command: Sequence[str] | None = None) -> LocalServers:
     """Starts `num_servers` processes of `python -m module --model_path=... --port=...` in parallel
     and waits for each to answer `GET /health` 200 (raising with its log tail if one dies).
 
     `command` replaces `python -m module` (e.g. `[python, path/to/_stub.py]`); the flags follow it.
+    `server_env[i]`: server i's device variables, planned by the caller (instead of `device_env`
+    from `gpu_ids` / `tpu_ids`).
     """
-    for name, per in (("cpu_sets", cpu_sets), ("gpu_ids", gpu_ids), ("tpu_ids", tpu_ids)):
+    for name, per in (("cpu_sets", cpu_sets), ("gpu_ids", gpu_ids), ("tpu_ids", tpu_ids),
+                      ("server_env", server_env)):
       if per is not None and len(per) != num_servers:
         raise ValueError(f"{name} has {len(per)} entries for {num_servers} servers")
     if gpu_ids is not None and tpu_ids is not None:
@@ -104,7 +110,8 @@ class LocalServers:
     for i in range(num_servers):
       port = base_port + i if base_port is not None else free_port(host)
       cpus = tuple(cpu_sets[i]) if cpu_sets is not None else None
-      penv = {**base_env, **_device_env(i, gpu_ids, tpu_ids)}
+      penv = {**base_env, **(server_env[i] if server_env is not None
+                             else device_env(i, gpu_ids, tpu_ids))}
       if cpus:  # keep thread pools to the cores the process may use
         penv.setdefault("OMP_NUM_THREADS", str(len(cpus)))
       # taskset pins before exec; a preexec_fn would fork a (multithreaded, JAX-importing) parent.

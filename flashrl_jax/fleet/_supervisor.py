@@ -31,7 +31,6 @@ import signal
 import time
 import urllib.error
 import urllib.request
-from typing import Callable
 
 from flashrl_jax.fleet._client import RolloutClient
 from flashrl_jax.fleet._local import LocalServers
@@ -61,14 +60,14 @@ class Supervisor:
   """Use `async with Supervisor(...)` inside the client's `async with`."""
 
   def __init__(self, client: RolloutClient, *, servers: LocalServers | None,
-               current_version: Callable[[], tuple[str, int]], counters: dict[str, int],
+               served: tuple[str, int] | None = None,
                config: SupervisorConfig = SupervisorConfig(), pid_file: str | None = None):
+    """`served`: (weights path, version) the fleet serves now, if it is not what the servers started
+    with; every handoff replaces it. A server that rejoins loads it first."""
     self.client, self.servers, self.config = client, servers, config
-    self.current_version = current_version  # (exported path, version) served before a handoff
-    self._served: tuple[str, int] | None = None  # what the last handoff made the fleet serve
-    self.counters = counters
-    self.counters.setdefault("server_restarts", 0)
-    self.counters.setdefault("server_failures", 0)
+    self._served = served
+    self.failures = 0  # servers taken out of rotation, since this supervisor started
+    self.restarts = 0  # local server processes restarted
     self.pid_file = pid_file
     self.lock = asyncio.Lock()  # publishes and rejoins
     self._recovering: dict[str, asyncio.Task] = {}
@@ -157,7 +156,7 @@ class Supervisor:
     if url in self._recovering:
       return
     log.warning("rollout server %s failed (%s): out of rotation until it is back", url, why)
-    self.counters["server_failures"] += 1
+    self.failures += 1
     self.client.remove_server(url)
     self._watch.pop(url, None)
     self._recovering[url] = asyncio.create_task(self._recover(url))
@@ -184,7 +183,7 @@ class Supervisor:
       self._restarts.add(restart)
       restart.add_done_callback(self._restarts.discard)
       await asyncio.shield(restart)
-      self.counters["server_restarts"] += 1
+      self.restarts += 1
       if self.pid_file:
         record_pids(self.pid_file, self.servers)
       log.info("restarted rollout server %d at %s", i, url)
@@ -192,10 +191,12 @@ class Supervisor:
       while not await asyncio.to_thread(_answers, url):
         await asyncio.sleep(self.config.rejoin_poll_s)
     async with self.lock:  # no publish in between: the version loaded is the one served
-      path, version = self._served or self.current_version()
-      await self.client.update_weights_from_disk(path, str(version), urls=[url])
+      if self._served is not None:  # else the fleet still serves what every server starts with
+        path, version = self._served
+        await self.client.update_weights_from_disk(path, str(version), urls=[url])
       self.client.add_server(url)
-    log.info("rollout server %s rejoined at policy version %d", url, version)
+    log.info("rollout server %s rejoined at policy version %s", url,
+             self._served[1] if self._served else "(initial)")
 
 
 def _answers(url: str, timeout_s: float = 5.0) -> bool:

@@ -1,5 +1,17 @@
 """Tiny models and fixtures shared by tests, demos and benchmarks (no downloads)."""
 
+import sys
+
+from flashrl_jax.testing import _stub
+from flashrl_jax.testing._stub import stub_logprob, stub_next_token
 from flashrl_jax.testing._tiny import tiny_config, tiny_model, write_tiny_checkpoint
 
-__all__ = ["tiny_config", "tiny_model", "write_tiny_checkpoint"]
+
+def stub_server_command() -> tuple[str, ...]:
+  """The protocol stub server, run as a script (no JAX import: it starts in a blink); the
+  `LocalServers.start(command=...)` for fake-model fleets."""
+  return (sys.executable, _stub.__file__)
+
+
+__all__ = ["stub_logprob", "stub_next_token", "stub_server_command", "tiny_config", "tiny_model",
+           "write_tiny_checkpoint"]

@@ -1,0 +1,96 @@
+"""Where every part of a run executes: cores, accelerators and device variables, decided up front.
+
+Why a plan: pinning the trainer, the controller thread and each rollout server, and hiding the
+rollout accelerators from the trainer, are process-wide side effects that must happen in a fixed
+order (before JAX starts its thread pool or its backend). `plan_placement` decides them all as a
+pure function of the config and the machine, so they can be read and tested; `applied` performs
+them once, at the entry of `run`, and undoes them on exit.
+
+CPU: in async mode rollout servers and the trainer get disjoint cores (`ResourceConfig.cpu_split`),
+and the controller's event loop runs on the rollout side's cores so the trainer's core is its own;
+sync mode time-shares every core, which is the same budget. GPU/TPU: accelerators 0..R-1 serve
+rollout (split evenly over the servers) and the trainer sees R..R+T-1 (all of 0..T-1 in sync mode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator, Sequence
+
+from flashrl_jax.controller._config import Mode, RolloutBackend, RunConfig
+from flashrl_jax.fleet import device_env
+
+Cpus = tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  trainer_cpus: Cpus | None  # this process (JAX's thread pool); None: left alone
+  controller_cpus: Cpus | None  # the event loop thread; None: same as the trainer
+  server_cpus: tuple[Cpus, ...] | None  # one core set per local server (CPU only)
+  server_env: tuple[dict[str, str], ...] | None  # per local server: its device variables
+  environ: tuple[tuple[str, str], ...] = ()  # set in this process before JAX starts
+
+
+def plan_placement(config: RunConfig, cores: Sequence[int]) -> Placement:
+  """The placement of `config` on a machine whose usable cores are `cores` (pure)."""
+  resources, rollout = config.resources, config.rollout
+  cores = tuple(sorted(cores))
+  is_async = config.mode is Mode.ASYNC
+  local = rollout.backend is not RolloutBackend.SGLANG
+  n = rollout.num_servers
+  if resources.platform == "cpu":
+    if is_async:
+      rollout_cores, train_cores = map(tuple, resources.cpu_split(list(cores)))
+    else:
+      rollout_cores = train_cores = cores
+    server_cpus = None
+    if local:  # disjoint when there are enough, else round-robin over the rollout cores
+      server_cpus = (_split(rollout_cores, n) if n <= len(rollout_cores)
+                     else tuple((rollout_cores[i % len(rollout_cores)],) for i in range(n)))
+    return Placement(trainer_cpus=train_cores, controller_cpus=rollout_cores if is_async else None,
+                     server_cpus=server_cpus, server_env=None)
+  first = resources.rollout_devices if is_async else 0
+  visible = ",".join(str(i) for i in range(first, first + resources.train_devices))
+  variable = "CUDA_VISIBLE_DEVICES" if resources.platform == "gpu" else "TPU_VISIBLE_CHIPS"
+  server_env = None
+  if local:
+    if resources.rollout_devices % n:
+      raise ValueError(f"{resources.rollout_devices} rollout devices do not split evenly over "
+                       f"{n} servers.")
+    per = resources.rollout_devices // n
+    ids = [list(range(i * per, (i + 1) * per)) for i in range(n)]
+    if resources.platform == "gpu":
+      server_env = tuple(device_env(i, gpu_ids=ids) for i in range(n))
+    else:
+      if per != 1:
+        raise ValueError("TPU rollout servers take one chip each; use --rollout_devices = servers.")
+      server_env = tuple(device_env(i, tpu_ids=[i[0] for i in ids]) for i in range(n))
+  return Placement(trainer_cpus=None, controller_cpus=None, server_cpus=None,
+                   server_env=server_env, environ=((variable, visible),))
+
+
+def _split(cores: Cpus, n: int) -> tuple[Cpus, ...]:
+  per = len(cores) // n
+  return tuple(cores[i * per:(i + 1) * per] for i in range(n))
+
+
+@contextlib.contextmanager
+def applied(placement: Placement) -> Iterator[None]:
+  """Pins this process and sets its device variables for the duration; restores both after."""
+  cores = os.sched_getaffinity(0)
+  saved = {key: os.environ.get(key) for key, _ in placement.environ}
+  os.environ.update(dict(placement.environ))
+  if placement.trainer_cpus is not None:
+    os.sched_setaffinity(0, placement.trainer_cpus)
+  try:
+    yield
+  finally:
+    os.sched_setaffinity(0, cores)
+    for key, value in saved.items():
+      if value is None:
+        os.environ.pop(key, None)
+      else:
+        os.environ[key] = value
