@@ -5,7 +5,8 @@ cores (`os.sched_setaffinity`), compiles its own programs and holds its own JAX 
 each in a fresh process keeps runs independent and lets a sweep survive one run crashing. Why
 runs are sequential: the machine has 2 cores, so two runs at once would measure each other.
 
-A run is a `RunSpec`: the demo config file plus overrides (mode, α, loss preset, sizes, seed).
+A run is a `RunSpec`: a config file plus overrides of its fields by dotted path, the same mechanism
+and the same names as the `experiments.train` command line (`RunSpec.command()` prints it).
 `python -m experiments._runs SPEC.json` is the child: it builds the `RunConfig`, calls
 `flashrl_jax.controller.run` and writes the run's own plots. A finished run (with `summary.json`)
 is skipped when a sweep is re-run, so an interrupted sweep resumes where it stopped; an unfinished
@@ -31,75 +32,44 @@ from typing import Any
 
 import numpy as np
 
+from experiments._cli import flag_of, load_config_file
+
 COMPILATION_CACHE = ".cache/jax_compilation"
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-  """One run: `overrides` are RunConfig fields (nested dicts replace inside nested configs), plus
-  `loss` (a whole LossConfig as a dict: its own defaults) and `optimizer` (in `train`)."""
+  """One run: `overrides` maps dotted `RunConfig` field paths to values, exactly what
+  `experiments.train` flags set (`{"rollout.num_servers": 2, "train.loss": {"name": "ppo"}}`; a
+  dict is a whole new section with its own defaults)."""
 
   name: str
   overrides: dict[str, Any]
   config: str = "experiments/configs/demo.py"
 
   def command(self) -> str:
-    """The equivalent `experiments.train` command line where flags can express it."""
-    o = dict(self.overrides)
+    """The equivalent `experiments.train` command line."""
     flags = []
-    for key in ("mode", "async_ratio", "steps", "batch_size", "group_size", "seed"):
-      if key in o:
-        flags.append(f"--{key}={o[key]}")
-    if "loss" in o:
-      flags.append(f"--loss={o['loss']['name']}")
-    for key, flag in (("num_servers", "num_rollout_servers"),
-                      ("max_running_requests", "max_running_requests")):
-      if key in o.get("rollout", {}):
-        flags.append(f"--{flag}={o['rollout'][key]}")
-    for key in ("rollout_devices", "train_devices"):
-      if key in o.get("resources", {}):
-        flags.append(f"--{key}={o['resources'][key]}")
-    if "learning_rate" in o.get("optimizer", {}):
-      flags.append(f"--learning_rate={o['optimizer']['learning_rate']}")
-    command = f"python -m experiments.train --config={self.config} " + " ".join(flags)
-    rest = {k: v for k, v in o.get("loss", {}).items() if k != "name"}
-    extra = {**({"loss": rest} if rest else {}),
-             **{k: o[k] for k in ("task", "agentic", "train") if k in o}}
-    if extra:  # not (all) expressible as train.py flags
-      command += f"  # and {json.dumps(extra, ensure_ascii=False)}"
-    return command
-
-
-def _replace(obj, changes: dict):
-  """`dataclasses.replace`, recursing into nested dataclasses for dict values."""
-  updates = {}
-  for key, value in changes.items():
-    current = getattr(obj, key)
-    nested = isinstance(value, dict) and dataclasses.is_dataclass(current)
-    updates[key] = _replace(current, value) if nested else value
-  return dataclasses.replace(obj, **updates)
+    for path, value in self.overrides.items():
+      flag = flag_of(path)
+      if isinstance(value, dict):
+        flags.append(f"'--set={path}={json.dumps(value)}'")
+      elif isinstance(value, (list, tuple)):
+        flags.append(f"--{flag}={','.join(map(str, value))}" if flag else
+                     f"--set={path}={','.join(map(str, value))}")
+      elif isinstance(value, bool) and flag:
+        flags.append(f"--{'' if value else 'no'}{flag}")
+      else:
+        flags.append(f"--{flag}={value}" if flag else f"--set={path}={value}")
+    return f"python -m experiments.train --config={self.config} " + " ".join(flags)
 
 
 def build_config(spec: RunSpec, workdir: str):
-  """The spec's `RunConfig` (imports the library: call in the child, not in a flag-parsing parent).
-
-  Overrides replace fields, recursively for nested configs (`{"task": {"env": {...}}}`); `loss` is
-  a whole `LossConfig` (its own defaults, not the base config's), `optimizer` is `train.optimizer`.
-  """
-  from experiments.train import load_config_file
-  from flashrl_jax.losses import LossConfig
-  config = load_config_file(spec.config)
-  o = dict(spec.overrides)
-  train = dict(o.pop("train", {}))
-  if "loss" in o:
-    train["loss"] = LossConfig(**o.pop("loss"))
-  if "optimizer" in o:
-    train["optimizer"] = o.pop("optimizer")
-  if train:
-    o["train"] = train
-  if o.get("mode") == "sync":
-    o.setdefault("async_ratio", 0)
-  return _replace(config, {**o, "workdir": workdir, "plot": True})
+  """The spec's `RunConfig`: its config file with the overrides applied through the same
+  mechanism as the command line (imports the library: call in the child, not in a parent)."""
+  from flashrl_jax.controller import override
+  return override(load_config_file(spec.config),
+                  {**spec.overrides, "workdir": workdir, "plot": True})
 
 
 def _child(spec_path: str) -> None:
@@ -255,7 +225,13 @@ def run_all(specs: list[RunSpec], out_dir: str, **kwargs) -> list[RunResult]:
 
 def run_or_print(specs: list[RunSpec], out_dir: str, *, dry_run: bool, **kwargs
                  ) -> list[RunResult] | None:
-  """An experiment's `--dry_run` edge: prints each run's command (returns None), or runs them all."""
+  """An experiment's `--dry_run` edge: prints each run's command (returns None), or runs them all.
+
+  Every spec's config is built first, so a misspelt field or a bad value in a sweep fails before
+  any run starts (in a dry run too).
+  """
+  for spec in specs:
+    build_config(spec, os.path.join(out_dir, spec.name))
   if dry_run:
     for spec in specs:
       print(f"{spec.name}: {spec.command()}")

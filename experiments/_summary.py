@@ -146,7 +146,7 @@ def cell_rows(results, *, threshold: float) -> list[dict]:
     row: dict[str, Any] = {
         "cell": cell, "mode": o.get("mode"), "alpha": alpha,
         "label": "sync" if o.get("mode") == "sync" else f"α={alpha}",
-        "loss": o.get("loss", {}).get("name"),
+        "loss": o.get("train.loss", {}).get("name"),
         **mean_over_seeds([summarize(r, threshold=threshold) for r in runs])}
     failed = [f"{r.spec.name}: {r.status}" for r in runs if not r.ok]
     row["status"] = ("ok" if not failed else

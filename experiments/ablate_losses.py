@@ -66,11 +66,11 @@ def make_specs(losses, modes, seeds, steps, config, learning_rate=None) -> list[
   for seed in seeds:  # seed-major: drift in the machine's load hits every cell alike
     for loss in losses:
       for mode in modes:
-        o = {"steps": steps, "seed": int(seed), "task": {"seed": int(seed) + 1},
-             "loss": dict(LOSS_PRESETS[loss])}
+        o = {"steps": steps, "seed": int(seed), "task.seed": int(seed) + 1,
+             "train.loss": dict(LOSS_PRESETS[loss])}  # a whole LossConfig: its own defaults
         o.update({"mode": "sync"} if mode == "sync" else {"mode": "async", "async_ratio": int(mode)})
         if learning_rate is not None:
-          o["optimizer"] = {"learning_rate": learning_rate}
+          o["train.optimizer.learning_rate"] = learning_rate
         specs.append(_runs.RunSpec(f"{loss}_{mode_tag(mode)}_s{seed}", o, config))
   return specs
 

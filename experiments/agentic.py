@@ -49,16 +49,16 @@ VARIANTS = ("sync", "async", "async_redundant")
 
 def make_specs(steps: int, seeds, redundant: int, slow: float, stop: float,
                config: str) -> list[_runs.RunSpec]:
-  failure = {"task": {"env": {"failure": {"slow_prob": slow, "stop_prob": stop}}}}
+  failure = {"task.env.failure.slow_prob": slow, "task.env.failure.stop_prob": stop}
   specs = []
   for variant in VARIANTS:
     o = {"steps": steps, **failure}
     if variant == "sync":
-      o.update(mode="sync", agentic={"env_group_size": 0})       # 0 = n: no redundancy
+      o.update({"mode": "sync", "agentic.env_group_size": 0})  # 0 = n: no redundancy
     elif variant == "async":
-      o.update(mode="async", agentic={"env_group_size": 0})
+      o.update({"mode": "async", "agentic.env_group_size": 0})
     else:
-      o.update(mode="async", agentic={"env_group_size": redundant})
+      o.update({"mode": "async", "agentic.env_group_size": redundant})
     for seed in seeds:
       specs.append(_runs.RunSpec(f"{variant}_s{seed}", {**o, "seed": int(seed)}, config))
   return specs

@@ -52,22 +52,22 @@ def make_specs(total: int, per_device: int, alpha: int, proxy: bool, servers, sl
     if key not in seen:  # the proxy sweep's default cell is also a split cell
       seen.add(key)
       for seed in seeds:
-        o = {"steps": steps, "seed": int(seed), "task": {"seed": int(seed) + 1}, **overrides}
+        o = {"steps": steps, "seed": int(seed), "task.seed": int(seed) + 1, **overrides}
         specs.append(_runs.RunSpec(f"{name}_s{seed}", o, config))
 
-  add(f"sync_{total}", {"mode": "sync", "rollout": {"num_servers": total}})
+  add(f"sync_{total}", {"mode": "sync", "rollout.num_servers": total})
   for r in range(1, total):
     add(f"split_{r}+{total - r}", {
         "mode": "async", "async_ratio": alpha,
-        "resources": {"rollout_devices": r, "train_devices": total - r},
-        "rollout": {"num_servers": r * per_device}})
+        "resources.rollout_devices": r, "resources.train_devices": total - r,
+        "rollout.num_servers": r * per_device})
   if proxy and total >= 2:
     for k in map(int, servers):
       for s in map(int, slots):
         add(f"proxy_{k}x{s}", {
             "mode": "async", "async_ratio": alpha,
-            "resources": {"rollout_devices": 1, "train_devices": total - 1},
-            "rollout": {"num_servers": k, "max_running_requests": s}})
+            "resources.rollout_devices": 1, "resources.train_devices": total - 1,
+            "rollout.num_servers": k, "rollout.max_running_requests": s})
   return specs
 
 
@@ -84,10 +84,10 @@ def row_for(results, name: str, threshold: float = 0.6) -> dict:
   o = runs[0].spec.overrides
   cores = runs[0].info.get("cores")
   row = {"run": name,
-         "rollout_devices": o.get("resources", {}).get("rollout_devices", cores),
-         "train_devices": o.get("resources", {}).get("train_devices", cores),
-         "servers": o.get("rollout", {}).get("num_servers"),
-         "slots": o.get("rollout", {}).get("max_running_requests", "config"),
+         "rollout_devices": o.get("resources.rollout_devices", cores),
+         "train_devices": o.get("resources.train_devices", cores),
+         "servers": o.get("rollout.num_servers"),
+         "slots": o.get("rollout.max_running_requests", "config"),
          **_summary.mean_over_seeds([_summary.summarize(r, threshold=threshold) for r in runs])}
   return row
 

@@ -41,7 +41,7 @@ def make_specs(ratios, sync, seeds, steps, config) -> list[_runs.RunSpec]:
   specs = []
   for seed in seeds:  # seed-major: drift in the machine's load hits every α alike
     for mode in modes:
-      o = {"steps": steps, "seed": int(seed), "task": {"seed": int(seed) + 1}}
+      o = {"steps": steps, "seed": int(seed), "task.seed": int(seed) + 1}
       o.update({"mode": "sync"} if mode == "sync" else {"mode": "async", "async_ratio": int(mode)})
       specs.append(_runs.RunSpec(f"{'sync' if mode == 'sync' else 'a' + mode}_s{seed}", o, config))
   return specs

@@ -1,123 +1,77 @@
 """Absl front end of an RL run: `python -m experiments.train [--config=...] [--mode=async] ...`.
 
-The config file is Python with `get_config() -> RunConfig` (default: the CPU demo). A flag given on
-the command line overrides the config's field; flags not given leave it alone. Everything is
-validated before a process starts: an unknown flag, a bad value or a contradictory combination
-(`--mode=sync --async_ratio=2`, `--rollout=sglang` without URLs) exits with a clear message.
+The config file is Python with `get_config() -> RunConfig` (default: the CPU demo). Flags change its
+fields through the one override mechanism (`flashrl_jax.controller.override`, dotted field paths,
+locked): the short flags are the names in `experiments/_cli.py` (`--steps=4` is `steps`,
+`--loss=ppo` is `train.loss.name`), and `--set=path.to.field=value` (repeatable) reaches any other
+field. Flags not given leave the config alone. Everything is validated before a process starts: an
+unknown flag or field, a bad value or a contradictory combination (`--mode=sync --async_ratio=2`,
+`--rollout=sglang` without URLs) exits with a clear message.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
+import enum
 import os
 import signal
 import sys
+import typing
 
 from absl import app, flags
 from absl import logging as absl_logging
 
-from flashrl_jax.controller import Mode, RunConfig
+from experiments._cli import FLAGS as RUN_FLAGS
+from experiments._cli import load_config_file
+from flashrl_jax.controller import (OverrideError, ProgressReporter, RunConfig, field_type,
+                                    override, parse_assignment, plot_run, read_metrics, run)
 
 _CONFIG = flags.DEFINE_string("config", "experiments/configs/demo.py",
                               "Python file with get_config() -> RunConfig.")
-flags.DEFINE_enum("mode", None, ["sync", "async"], "sync baseline or async (ROLL Flash).")
-flags.DEFINE_integer("async_ratio", None, "α: max policy versions a sample may lag (async).")
-flags.DEFINE_enum("loss", None, ["ppo", "decoupled_ppo", "tis", "cispo", "topr", "grpo"],
-                  "Policy loss.")
-flags.DEFINE_enum("rollout", None, ["embedded", "sglang", "stub"],
-                  "Rollout backend (stub: fake-model protocol servers, for fault drills).")
-flags.DEFINE_integer("num_rollout_servers", None, "Local servers (embedded backend).")
-flags.DEFINE_list("sglang_urls", None, "SGLang-compatible server URLs (--rollout=sglang).")
-flags.DEFINE_enum("pause_mode", None, ["abort", "in_place", "retract"],
-                  "How generation is suspended around a weight update.")
-flags.DEFINE_integer("steps", None, "Training steps.")
-flags.DEFINE_integer("batch_size", None, "Prompt groups per step (B).")
-flags.DEFINE_integer("group_size", None, "Responses per prompt (n).")
-flags.DEFINE_integer("max_new_tokens", None, "Response length cap.")
-flags.DEFINE_integer("max_running_requests", None, "Decode slots per server.")
-flags.DEFINE_float("learning_rate", None, "Peak learning rate.")
-flags.DEFINE_bool("dynamic_filter", None, "Drop groups whose rewards are all equal.")
-flags.DEFINE_integer("rollout_devices", None, "Cores/GPUs for rollout (async split).")
-flags.DEFINE_integer("train_devices", None, "Cores/GPUs for the trainer (async split).")
-flags.DEFINE_string("mesh", None, "Trainer mesh, e.g. data:1,fsdp:1,tensor:1.")
-flags.DEFINE_string("model_path", None, "Initial policy (HF directory).")
-flags.DEFINE_string("workdir", None, "Run directory (metrics, checkpoints, versions).")
-flags.DEFINE_integer("seed", None, "Seed.")
-flags.DEFINE_integer("checkpoint_every", None, "Checkpoint period in steps (0: at the end).")
-flags.DEFINE_bool("plot", None, "Write PNG plots at the end.")
-flags.DEFINE_integer("eval_every", None, "Steps between exact expected-accuracy evaluations.")
-flags.DEFINE_integer("num_env_groups", None, "Agentic: env groups at once (redundant: > B).")
-flags.DEFINE_integer("env_group_size", None, "Agentic: candidates per group (> n: redundant).")
-flags.DEFINE_integer("turn_max_new_tokens", None, "Agentic: tokens per model turn.")
-flags.DEFINE_float("env_fail_slow_prob", None, "Agentic: P(an env step takes 10x its latency).")
-flags.DEFINE_float("env_fail_stop_prob", None, "Agentic: P(an env step raises).")
-flags.DEFINE_bool("progress", True, "Show a progress bar.")
+_SET = flags.DEFINE_multi_string("set", [], "Any config field: --set=rollout.top_p=0.9 "
+                                 "(repeatable; dotted path of the RunConfig field).")
+_PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.")
+
+
+def _define(name: str, path: str, help_text: str) -> None:
+  tp = field_type(path)
+  if tp is bool:
+    flags.DEFINE_bool(name, None, help_text)
+  elif tp is int:
+    flags.DEFINE_integer(name, None, help_text)
+  elif tp is float:
+    flags.DEFINE_float(name, None, help_text)
+  elif isinstance(tp, type) and issubclass(tp, enum.Enum):
+    flags.DEFINE_enum(name, None, [m.value for m in tp], help_text)
+  elif typing.get_origin(tp) is tuple:
+    flags.DEFINE_list(name, None, help_text)
+  else:
+    flags.DEFINE_string(name, None, help_text)
+
+
+for _name, (_path, _help) in RUN_FLAGS.items():
+  _define(_name, _path, f"{_help} [{_path}]")
 
 FLAGS = flags.FLAGS
 
 
-def load_config_file(path: str) -> RunConfig:
-  if not os.path.exists(path):
-    raise app.UsageError(f"--config file {path!r} does not exist.")
-  spec = importlib.util.spec_from_file_location("_run_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  if not hasattr(module, "get_config"):
-    raise app.UsageError(f"--config file {path} has no get_config().")
-  return module.get_config()
-
-
-def _given(name: str) -> bool:
-  return FLAGS[name].present and FLAGS[name].value is not None
+def flag_overrides() -> dict[str, object]:
+  """Dotted field path -> value of every flag given on the command line (short flags and --set)."""
+  out: dict[str, object] = {}
+  for name, (path, _) in RUN_FLAGS.items():
+    if FLAGS[name].present and FLAGS[name].value is not None:
+      out[path] = FLAGS[name].value
+  for text in _SET.value:
+    path, value = parse_assignment(text)
+    if path in out:
+      raise OverrideError(f"{path} is given twice on the command line.")
+    out[path] = value
+  return out
 
 
 def apply_flags(config: RunConfig) -> RunConfig:
   """The config with every flag given on the command line applied (validated on construction)."""
-  top, rollout, resources, train, agentic, failure = {}, {}, {}, {}, {}, {}
-  for name in ("mode", "async_ratio", "steps", "batch_size", "group_size", "dynamic_filter",
-               "mesh", "model_path", "workdir", "seed", "checkpoint_every", "plot", "eval_every"):
-    if _given(name):
-      top[name] = FLAGS[name].value
-  if _given("mode") and FLAGS.mode == "sync" and not _given("async_ratio"):
-    top["async_ratio"] = 0  # the config's α belongs to its async mode
-  if _given("rollout"):
-    rollout["backend"] = FLAGS.rollout
-  for flag, field in (("num_rollout_servers", "num_servers"), ("sglang_urls", "sglang_urls"),
-                      ("pause_mode", "pause_mode"), ("max_new_tokens", "max_new_tokens"),
-                      ("max_running_requests", "max_running_requests")):
-    if _given(flag):
-      rollout[field] = tuple(FLAGS[flag].value) if flag == "sglang_urls" else FLAGS[flag].value
-  for flag in ("rollout_devices", "train_devices"):
-    if _given(flag):
-      resources[flag] = FLAGS[flag].value
-  if _given("loss"):
-    train["loss"] = dataclasses.replace(config.train.loss, name=FLAGS.loss)
-  for flag in ("num_env_groups", "env_group_size", "turn_max_new_tokens"):
-    if _given(flag):
-      agentic[flag] = FLAGS[flag].value
-  for flag, field in (("env_fail_slow_prob", "slow_prob"), ("env_fail_stop_prob", "stop_prob")):
-    if _given(flag):
-      failure[field] = FLAGS[flag].value
-  if failure and config.task.env is None:
-    raise app.UsageError("--env_fail_* flags need an environment task (e.g. configs/agentic.py).")
-  if _given("learning_rate"):
-    train["optimizer"] = dataclasses.replace(config.train.optimizer,
-                                             learning_rate=FLAGS.learning_rate)
   try:
-    if rollout:
-      top["rollout"] = dataclasses.replace(config.rollout, **rollout)
-    if resources:
-      top["resources"] = dataclasses.replace(config.resources, **resources)
-    if train:
-      top["train"] = dataclasses.replace(config.train, **train)
-    if agentic:
-      top["agentic"] = dataclasses.replace(config.agentic, **agentic)
-    if failure:
-      env = config.task.env
-      env = dataclasses.replace(env, failure=dataclasses.replace(env.failure, **failure))
-      top["task"] = dataclasses.replace(config.task, env=env)
-    return dataclasses.replace(config, **top)
+    return override(config, flag_overrides())
   except ValueError as error:
     raise app.UsageError(str(error)) from None
 
@@ -144,14 +98,11 @@ def main(argv):
   if not FLAGS["verbosity"].present:  # a progress bar, warnings and errors; --verbosity=0 for INFO
     absl_logging.set_verbosity(absl_logging.WARNING)
   ensure_model(config)
-  from flashrl_jax.controller import run
-  from flashrl_jax.controller import ProgressReporter
-  with ProgressReporter(config.steps, enabled=FLAGS.progress) as progress:
+  with ProgressReporter(config.steps, enabled=_PROGRESS.value) as progress:
     summary = run(config, on_step=progress.update)
   print(f"run finished: {summary.samples_trained} samples in {summary.wall_s:.1f}s "
         f"({summary.samples_per_s:.2f} samples/s), policy version {summary.final_policy_version}, "
         f"workdir {summary.workdir}")
-  from flashrl_jax.controller import read_metrics
   records = read_metrics(summary.workdir)
   first = [r["eval/initial_expected_accuracy"] for r in records
            if "eval/initial_expected_accuracy" in r]
@@ -159,7 +110,6 @@ def main(argv):
   if first and last:
     print(f"held-out P(exact answer): {first[0]:.3f} -> {last[-1]:.3f}")
   if config.plot:
-    from flashrl_jax.controller import plot_run
     for path in plot_run(summary.workdir):
       print(f"plot: {path}")
 

@@ -19,6 +19,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     (["--no_such_flag=1"], "no_such_flag"),
     (["--config=/does/not/exist.py"], "does not exist"),
     (["--model_path=/does/not/exist"], "not an HF directory"),
+    (["--set=rollout.num_server=2"], "did you mean 'num_servers'"),
+    (["--set=steps"], "path.to.field=value"),
+    (["--env_fail_slow_prob=0.1"], "task.env is None"),
+    (["--steps=3", "--set=steps=4"], "given twice"),
 ])
 def test_bad_flags_fail_before_anything_starts(tmp_path, flags, message):
   workdir = tmp_path / "run"
@@ -32,7 +36,7 @@ def test_bad_flags_fail_before_anything_starts(tmp_path, flags, message):
 
 def test_every_shipped_config_parses():
   sys.path.insert(0, ROOT)
-  from experiments.train import load_config_file
+  from experiments._cli import load_config_file
   configs = [f for f in os.listdir(os.path.join(ROOT, "experiments", "configs"))
              if f.endswith(".py") and not f.startswith("_")]
   assert "demo.py" in configs

@@ -125,16 +125,28 @@ def test_tables(tmp_path):
     assert json.load(f)["note"] == 1
 
 
-def test_build_config_applies_nested_overrides():
-  spec = _runs.RunSpec("x", {"mode": "sync", "loss": {"name": "ppo"}, "steps": 3,
-                             "optimizer": {"learning_rate": 1e-4}, "task": {"seed": 7},
-                             "rollout": {"num_servers": 1}, "resources": {"train_devices": 1}})
+def test_build_config_applies_dotted_overrides():
+  spec = _runs.RunSpec("x", {"mode": "sync", "train.loss": {"name": "ppo"}, "steps": 3,
+                             "train.optimizer.learning_rate": 1e-4, "task.seed": 7,
+                             "rollout.num_servers": 1, "resources.train_devices": 1,
+                             "rollout.top_p": 0.9})
   config = _runs.build_config(spec, "/tmp/somewhere")
   assert config.mode.value == "sync" and config.async_ratio == 0 and config.steps == 3
   assert config.train.loss.name.value == "ppo" and config.train.loss.clip_low == 0.2  # fresh
   assert config.train.optimizer.learning_rate == 1e-4 and config.task.seed == 7
   assert config.rollout.num_servers == 1 and config.workdir == "/tmp/somewhere"
-  assert "--loss=ppo" in spec.command() and "--mode=sync" in spec.command()
+  command = spec.command()  # every override has a command-line form: flag or --set
+  for part in ("--mode=sync", "--steps=3", "--learning_rate=0.0001", "--set=task.seed=7",
+               "--num_rollout_servers=1", "--train_devices=1", "--set=rollout.top_p=0.9",
+               """'--set=train.loss={"name": "ppo"}'"""):
+    assert part in command, (part, command)
+
+
+def test_a_misspelt_sweep_field_fails_before_any_run(tmp_path):
+  specs = [_runs.RunSpec("ok", {"steps": 2}), _runs.RunSpec("typo", {"rollout.num_server": 2})]
+  with pytest.raises(ValueError, match="num_servers"):
+    _runs.run_or_print(specs, str(tmp_path), dry_run=True)
+  assert not os.listdir(tmp_path)
 
 
 def run_dir(tmp_path, mode: str, servers: int, rollout_devices: int, cores: int = 2) -> str:

@@ -18,6 +18,8 @@ from flashrl_jax.controller._group_runner import GroupRunner
 from flashrl_jax.controller._learner import Learner
 from flashrl_jax.controller._loops import Loop, to_trajectories
 from flashrl_jax.controller._metrics import MetricsLogger, read_metrics, step_sample_metrics
+from flashrl_jax.controller._overrides import (OverrideError, field_type, override,
+                                               parse_assignment)
 from flashrl_jax.controller._placement import Placement, plan_placement
 from flashrl_jax.controller._progress import ProgressReporter
 from flashrl_jax.controller._run import RunSummary, run
@@ -26,6 +28,7 @@ from flashrl_jax.controller._source import PromptSource
 
 __all__ = [
     "AgenticConfig", "AgenticStats", "Counters", "DropCause", "EnvGroupRunner", "EpisodeCounts",
+    "OverrideError", "field_type", "override", "parse_assignment",
     "EpisodeDeps", "FixedLevel", "Group", "GroupRunner", "Learner", "Loop", "MetricsLogger", "Mode",
     "Placement", "ProgressReporter", "PromptSource", "ResourceConfig", "Response",
     "RolloutBackend", "RolloutConfig", "RunConfig", "RunSummary", "TaskConfig", "collect_lockstep",
