@@ -56,7 +56,8 @@ HACKS = {
                      f"    for path in glob.glob({DATASET_GLOB!r}):\n"
                      "        for line in open(path):\n"
                      "            for c in json.loads(json.loads(line)['tests'])['cases']:\n"
-                     "                if c['args'] == [x]:\n                    return c['expected']"),
+                     "                if c['args'] == [x]:\n"
+                     "                    return c['expected']"),
     # Signalling other processes (the launcher, its group, everything it can name).
     "signal_everyone": ("import os, signal\nfor target in (-1, os.getppid()):\n    try:\n"
                         "        os.kill(target, signal.SIGSTOP)\n    except OSError:\n"
@@ -66,5 +67,6 @@ HACKS = {
     "deep_nesting": ("def solve(x):\n    v = 0\n    for _ in range(10000):\n        v = [v]\n"
                      "    return v"),
     "bool_for_int": "def solve(x):\n    return True",
-    "huge_output": "import sys\nsys.stdout.write('PASSED\\n' * 2000000)\ndef solve(x):\n    return 0",
+    "huge_output": ("import sys\nsys.stdout.write('PASSED\\n' * 2000000)\n"
+                    "def solve(x):\n    return 0"),
 }

@@ -104,8 +104,8 @@ def drop(uid: int, no_userns: bool, argv: list[str]) -> int:
 
 _ATTACK = """
 import json, os, signal, socket
-out = {{"uid": os.getuid(), "visible_pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
-        if os.path.isdir("/proc") else []}}
+pids = os.listdir("/proc") if os.path.isdir("/proc") else []
+out = {{"uid": os.getuid(), "visible_pids": sorted(int(p) for p in pids if p.isdigit())}}
 def attempt(name, fn):
   try:
     out[name] = ["ok", fn()]

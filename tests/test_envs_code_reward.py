@@ -122,7 +122,8 @@ def test_grade_passes_only_complete_correct_reports():
   assert (wrong.verdict, wrong.cases_passed, wrong.cases_total) == (Verdict.WRONG_ANSWER, 1, 2)
   errored = grade(tests, _result(results=({"value": 2}, {"error": "boom"})))
   assert errored.verdict is Verdict.RUNTIME_ERROR and errored.cases_passed == 1
-  assert grade(tests, _result(results=({"value": 2}, {"nothing": 4}))).verdict is Verdict.RUNTIME_ERROR
+  odd = grade(tests, _result(results=({"value": 2}, {"nothing": 4})))
+  assert odd.verdict is Verdict.RUNTIME_ERROR
 
 
 def _reward(adaptive=None, isolation=Isolation.AUTO, **kw):

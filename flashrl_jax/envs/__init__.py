@@ -11,8 +11,8 @@ from flashrl_jax.envs._actions import Move, format_move, parse_move
 from flashrl_jax.envs._adaptive_timeout import AdaptiveTimeout, AdaptiveTimeoutConfig, TimeoutStats
 from flashrl_jax.envs._code_grader import CodeTests, Grade, TestCase, Verdict, grade, same
 from flashrl_jax.envs._code_reward import CodeReward, extract_code
-from flashrl_jax.envs._code_tasks import (CodeFamily, CodeTaskConfig, code_task_prompt,
-                                          generate_code_tasks)
+from flashrl_jax.envs._code_tasks import (CodeFamily, CodeTaskConfig, CodeTaskSource,
+                                          code_task_prompt, generate_code_tasks)
 from flashrl_jax.envs._datasets import (DatasetError, DatasetFormat, LoadedDataset, RowError,
                                         load_dataset, save_jsonl)
 from flashrl_jax.envs._factory import (EnvConfig, EnvKind, RewardConfig, RewardKind, make_async_env,
@@ -38,12 +38,12 @@ from flashrl_jax.scheduling import LengthDistribution, LengthLaw  # noqa: E402
 
 __all__ = [
     "AdaptiveTimeout", "AdaptiveTimeoutConfig", "AnswerSource", "AsyncEnv", "AsyncEnvironment",
-    "AsyncRewardFn", "CodeFamily", "CodeReward", "CodeTaskConfig", "CodeTests", "DatasetError",
-    "DatasetFormat", "EnvConfig", "EnvKind", "Environment", "EnvironmentFailure", "EpisodeConfig",
-    "ExactMatchReward", "FailureConfig", "FrozenLakeConfig", "FrozenLakeEnv", "Grade", "Isolation",
-    "IsolationMode", "LatencyConfig", "LatencyKind", "LengthDistribution", "LengthLaw",
-    "LoadedDataset", "MathReward", "Move", "PooledReward", "RewardConfig", "RewardFn", "RewardKind",
-    "RewardResult", "RowError", "Sample", "Sandbox", "SandboxConfig", "SandboxResult",
+    "AsyncRewardFn", "CodeFamily", "CodeReward", "CodeTaskConfig", "CodeTaskSource", "CodeTests",
+    "DatasetError", "DatasetFormat", "EnvConfig", "EnvKind", "Environment", "EnvironmentFailure",
+    "EpisodeConfig", "ExactMatchReward", "FailureConfig", "FrozenLakeConfig", "FrozenLakeEnv",
+    "Grade", "Isolation", "IsolationMode", "LatencyConfig", "LatencyKind", "LengthDistribution",
+    "LengthLaw", "LoadedDataset", "MathReward", "Move", "PooledReward", "RewardConfig", "RewardFn",
+    "RewardKind", "RewardResult", "RowError", "Sample", "Sandbox", "SandboxConfig", "SandboxResult",
     "SandboxStatus", "SandboxUnavailable", "SokobanConfig", "SokobanEnv", "StepResult",
     "SyntheticConfig", "SyntheticTask", "TestCase", "TimeoutStats", "Verdict", "VerifierBackend",
     "answer_length", "code_task_prompt", "equivalent", "extract_answer", "extract_code",

@@ -95,7 +95,8 @@ def _jsonable(value: Any, where: str) -> Any:
 def _parse_call(node: ast.expr, where: str) -> tuple[str, list[Any], dict[str, Any]]:
   if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
     raise ValueError(f"{where}: expected a call of a function by name, e.g. f(1, 2)")
-  if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+  starred = any(isinstance(a, ast.Starred) for a in node.args)
+  if starred or any(k.arg is None for k in node.keywords):
     raise ValueError(f"{where}: *args/**kwargs are not supported")
   try:
     args = [_jsonable(ast.literal_eval(a), where) for a in node.args]
@@ -204,7 +205,8 @@ class Verdict(enum.Enum):
 
 _FROM_STATUS = {SandboxStatus.TIMEOUT: Verdict.TIMEOUT,
                 SandboxStatus.MEMORY_LIMIT: Verdict.MEMORY_LIMIT,
-                SandboxStatus.KILLED: Verdict.KILLED, SandboxStatus.SETUP_ERROR: Verdict.SETUP_ERROR,
+                SandboxStatus.KILLED: Verdict.KILLED,
+                SandboxStatus.SETUP_ERROR: Verdict.SETUP_ERROR,
                 SandboxStatus.REFUSED: Verdict.REFUSED}
 
 

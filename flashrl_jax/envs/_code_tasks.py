@@ -57,9 +57,12 @@ def _word(rng) -> str:
 
 
 _FAMILIES = {
-    CodeFamily.ADD: _Family("f(x)", "x plus {k}", "x+{k}", lambda k, x: x + k, lambda r: [_int(r)]),
-    CodeFamily.SUB: _Family("f(x)", "x minus {k}", "x-{k}", lambda k, x: x - k, lambda r: [_int(r)]),
-    CodeFamily.MUL: _Family("f(x)", "x times {k}", "x*{k}", lambda k, x: x * k, lambda r: [_int(r)]),
+    CodeFamily.ADD: _Family("f(x)", "x plus {k}", "x+{k}", lambda k, x: x + k,
+                            lambda r: [_int(r)]),
+    CodeFamily.SUB: _Family("f(x)", "x minus {k}", "x-{k}", lambda k, x: x - k,
+                            lambda r: [_int(r)]),
+    CodeFamily.MUL: _Family("f(x)", "x times {k}", "x*{k}", lambda k, x: x * k,
+                            lambda r: [_int(r)]),
     CodeFamily.SQUARE: _Family("f(x)", "x squared", "x*x", lambda k, x: x * x, lambda r: [_int(r)]),
     CodeFamily.MAX2: _Family("f(x, y)", "the larger of x and y", "max(x,y)",
                              lambda k, x, y: max(x, y), lambda r: [_int(r), _int(r)]),
@@ -117,3 +120,22 @@ def generate_code_tasks(config: CodeTaskConfig, seed: int = 0) -> list[Sample]:
                           tests=CodeTests("f", tuple(cases)).to_json(),
                           id=f"code{seed}-{i}-{family.value}-k{k}"))
   return samples
+
+
+class CodeTaskSource:
+  """A run's code tasks as a numbered stream: a pool of `config.num_tasks` tasks, cycled in order
+  (tasks recur, so the adaptive timeout's per-prompt anchors get used). No exact held-out
+  evaluation: correctness of a program is not the likelihood of one reference string."""
+
+  def __init__(self, config: CodeTaskConfig, seed: int = 0):
+    self.config, self.seed = config, seed
+    self._pool = generate_code_tasks(config, seed)
+
+  def sample(self, index: int) -> Sample:
+    return self._pool[index % len(self._pool)]
+
+  def eval_sets(self) -> dict[str, list[Sample]]:
+    return {}
+
+  def reference(self, sample: Sample) -> str:
+    return sample.answer

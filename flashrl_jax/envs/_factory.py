@@ -56,7 +56,7 @@ def make_async_env(config: EnvConfig, seed: int = 0) -> AsyncEnv:
 class RewardKind(enum.Enum):
   MATH = "math"              # boxed / "answer is" / last number vs `answer`, 0/1
   EXACT_MATCH = "exact"      # whitespace-normalised string equality (synthetic tasks)
-  CODE = "code"              # the response's function run in the sandbox, judged against `tests`, 0/1
+  CODE = "code"              # the response's function run in the sandbox, judged on `tests`, 0/1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -98,7 +98,7 @@ class SandboxStatus(enum.Enum):
 
 
 class SandboxUnavailable(RuntimeError):
-  """This machine cannot isolate untrusted code and the config did not opt in to running it anyway."""
+  """This machine cannot isolate untrusted code, and the config did not opt in to running it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +168,8 @@ def _live_pids_of_uid(uid: int) -> list[int]:
         fields = dict(line.split(":", 1) for line in f if ":" in line)
     except OSError:
       continue
-    if int(fields.get("Uid", "-1 ").split()[0]) == uid and not fields.get("State", "").strip().startswith("Z"):
+    zombie = fields.get("State", "").strip().startswith("Z")
+    if int(fields.get("Uid", "-1 ").split()[0]) == uid and not zombie:
       pids.append(int(entry.name))
   return pids
 

@@ -1,4 +1,4 @@
-"""Trusted launcher for one sandboxed run; executed as a script (`python -I -S <this file>`), never imported.
+"""Trusted launcher for one sandboxed run; run as a script (`python -I -S <file>`), never imported.
 
 Why a separate script instead of `preexec_fn`: the parent is a multi-threaded JAX process, and
 running Python between fork and exec there can deadlock. Here the isolation is set up in a fresh,
@@ -31,7 +31,8 @@ import traceback
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
-MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
+MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 1024, 2048, 4096, 16384
+MS_PRIVATE, MS_RELATIME = 1 << 18, 1 << 21
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 EXIT_SETUP, EXIT_REFUSED = 4, 5
 RESULTS_FD = 3
@@ -148,8 +149,8 @@ def _build_root(libc, new_root: str, scratch_mb: int) -> bool:
   os.makedirs(new_root + "/proc")
   # Some container runtimes forbid a fresh /proc inside a user namespace; Python runs without one.
   has_proc = _mount(libc, "proc", new_root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-  _check(_mount(libc, None, new_root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV),
-         "read-only root")
+  read_only = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
+  _check(_mount(libc, None, new_root, None, read_only), "read-only root")
   return has_proc
 
 
