@@ -60,3 +60,24 @@ def test_fresh_logger_writes_no_purge_marker(tmp_path):
   assert not any(e.HasField("session_log") and e.session_log.status == event_pb2.SessionLog.START
                  for _, e in events)
   assert any(e.HasField("summary") for _, e in events)
+
+
+def test_step_metrics_count_reward_verdicts_isolation_and_limits():
+  from flashrl_jax.controller._metrics import step_sample_metrics
+  from flashrl_jax.controller._samples import Group, Response
+  from flashrl_jax.envs import Sample
+
+  def response(reward, **info):
+    return Response("0:0", [5], [0.0], [0], 0, "stop", reward=reward, reward_info=info)
+
+  group = Group(0, Sample("p", ""), [1], 3, responses=[
+      response(1.0, status="passed", isolation="root_namespaces", timeout_s=10.0),
+      response(0.0, status="timeout", isolation="root_namespaces", timeout_s=0.6),
+      response(0.0, status="wrong_answer", isolation="root_namespaces", timeout_s=0.6)])
+  metrics = step_sample_metrics([group], trainer_version=0)
+  assert metrics["reward_status"] == {"passed": 1, "timeout": 1, "wrong_answer": 1}
+  assert metrics["reward_isolation"] == {"root_namespaces": 3}
+  assert metrics["reward_timeout_s_min"] == 0.6
+  assert abs(metrics["reward_timeout_s_mean"] - 11.2 / 3) < 1e-12
+  plain = step_sample_metrics([Group(0, Sample("p", ""), [1], 1, responses=[response(1.0)])], 0)
+  assert not any(k.startswith(("reward_status", "reward_isolation", "reward_timeout")) for k in plain)

@@ -36,7 +36,23 @@ def step_sample_metrics(groups: list[Group], trainer_version: int) -> dict[str, 
       "num_samples": len(responses),
       "num_groups": len(groups),
       "aborted_continuations": sum(len(set(r.token_versions)) > 1 for r in responses),
+      **_reward_diagnostics([r.reward_info for r in responses]),
   }
+
+
+def _reward_diagnostics(infos: list[dict[str, Any]]) -> dict[str, Any]:
+  """What a reward reported beside its number, for rewards that report it (the code reward: each
+  verdict, the sandbox's isolation mode, the time limit each program ran under)."""
+  out: dict[str, Any] = {}
+  for key in ("status", "isolation"):
+    counts = collections.Counter(str(i[key]) for i in infos if key in i)
+    if counts:
+      out[f"reward_{key}"] = dict(sorted(counts.items()))
+  timeouts = [float(i["timeout_s"]) for i in infos if "timeout_s" in i]
+  if timeouts:
+    out["reward_timeout_s_min"] = min(timeouts)
+    out["reward_timeout_s_mean"] = float(np.mean(timeouts))
+  return out
 
 
 def _jsonable(value):
