@@ -3,8 +3,11 @@
 Why it is separate from the scheduler: everything here is arrays with static shapes from a few
 buckets, so nothing recompiles per request, and `warmup` compiles every shape the engine can meet.
 The weights are a jit *argument* (an `nnx.State` placed on the rollout mesh), so a weight swap is a
-pointer swap. The KV cache and each slot's next input token and step count form one pytree
-(`SlotState`) that both jitted functions take donated and return, so it is updated in place.
+pointer swap. The KV cache (`SlotCache`) is the only device state: both forward programs take it
+donated and return it, so it is updated in place. Each slot's next input token, step count and
+sampling options live on the host, where the scheduler needs them anyway, and go in with each call.
+Sampling is a program of its own, compiled once per batch size rather than into every forward shape
+(it was half of each program's compile time).
 
 Prefill runs on a small group of prompts padded to a (group, length) bucket, on a fresh model cache
 of the bucket's length, and copies it into the chosen slots (`SlotCache.insert_prefill`). Decode runs
@@ -21,7 +24,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx, struct
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from flashrl_jax.model import Decoder, ModelConfig, load_hf_state, no_shard, read_config
@@ -65,15 +68,6 @@ def param_shardings(abstract_state: nnx.State, mesh: Mesh,
   return nnx.from_flat_state(flat)
 
 
-@struct.dataclass
-class SlotState:
-  """Device state of all decode slots (donated through every step)."""
-
-  cache: SlotCache  # L x [B+1, K, S, H] (row B: the spare padding rows write to)
-  tokens: jax.Array  # [B+1] int32: each slot's last sampled token, the next decode input
-  steps: jax.Array  # [B+1] int32: tokens generated so far (the sampler's per-request counter)
-
-
 def _pow2_at_least(n: int) -> int:
   return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
@@ -109,15 +103,20 @@ class Runner:
                         (num_slots + 1, c.num_kv_heads, context_length, c.head_dim), self.mesh)
     self._cache_sharding = NamedSharding(self.mesh, spec)
     self._replicated = NamedSharding(self.mesh, P())
-    self.state = self._zero_state()
+    self.cache = self._zero_cache()
+    rows = num_slots + 1
+    self._tokens = np.zeros(rows, np.int32)  # each slot's last sampled token: its next input
+    self._steps = np.zeros(rows, np.int32)  # tokens generated so far (the sampler's counter)
+    self._rows = RowSampling.host([], rows)  # each slot's sampling options
+    self._batch_rows: tuple[tuple[int, ...], RowSampling] | None = None  # last decode batch's
     # The shapes a step can have: decode batches and spans, prefill groups and lengths.
     self.decode_sizes = pow2_buckets(min(min_decode_batch, num_slots), num_slots)
     self.decode_spans = pow2_buckets(min(min_decode_span, context_length), context_length)
     self.prefill_groups = pow2_buckets(1, _pow2_at_least(max_prefill_batch))
     self.prefill_lengths = pow2_buckets(min(min_prefill_len, context_length), context_length)
-    self._decode = jax.jit(self._decode_impl, donate_argnums=(1,), static_argnums=(5, 6))
-    self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1,), static_argnums=(7,))
-    self._rows: RowSampling | None = None
+    self._decode = jax.jit(self._decode_impl, donate_argnums=(1,), static_argnums=(5,))
+    self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1,))
+    self._sample = jax.jit(sample_with_top, static_argnums=(3,))
 
   # --- weights -----------------------------------------------------------------------------------
 
@@ -141,25 +140,23 @@ class Runner:
     spec = logical_spec(names, x.shape, self.mesh)
     return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
-  def _zero_state(self) -> SlotState:
-    c, rows = self.config, self.num_slots + 1
-    cache = SlotCache.zeros(num_layers=c.num_layers, num_slots=self.num_slots,
+  def _zero_cache(self) -> SlotCache:
+    c = self.config
+    return SlotCache.zeros(num_layers=c.num_layers, num_slots=self.num_slots,
                             max_length=self.context_length, num_kv_heads=c.num_kv_heads,
                             head_dim=c.head_dim, dtype=self.dtype,
                             place=lambda x: jax.device_put(x, self._cache_sharding
                                                            if x.ndim == 4 else self._replicated))
-    ints = lambda: jax.device_put(jnp.zeros((rows,), jnp.int32), self._replicated)
-    return SlotState(cache=cache, tokens=ints(), steps=ints())
 
   def reset(self) -> None:
     """Drops every slot's KV (all slots must be free)."""
-    self.state = self._zero_state()
+    self.cache = self._zero_cache()
 
   def set_slots(self, rows: list[tuple[Sampling, int, tuple[int, ...]] | tuple[None, int, tuple]]
                 ) -> None:
-    """Uploads every slot's sampling options (only when they change; decode gathers its rows)."""
-    self._rows = jax.tree.map(lambda x: jax.device_put(x, self._replicated),
-                              RowSampling.host(list(rows), self.num_slots + 1))
+    """Sets every slot's sampling options (when they change; each decode batch takes its rows)."""
+    self._rows = RowSampling.host(list(rows), self.num_slots + 1)
+    self._batch_rows = None
 
   # --- steps -------------------------------------------------------------------------------------
 
@@ -184,10 +181,11 @@ class Runner:
     slot_ids[:n] = slots
     step_arr = np.zeros(g, np.int32)
     step_arr[:n] = steps
-    row_arr = RowSampling.host(list(rows), g)
-    self.state, new_tokens, logprobs, top = self._prefill(
-        self.params, self.state, tokens, lengths, slot_ids, row_arr, step_arr, top_n)
+    self.cache, logits = self._prefill(self.params, self.cache, tokens, lengths, slot_ids)
+    new_tokens, logprobs, top = self._sample(logits, RowSampling.host(list(rows), g), step_arr,
+                                             top_n)
     new_tokens, logprobs, (ids, lps) = jax.device_get((new_tokens, logprobs, top))
+    self._tokens[slot_ids], self._steps[slot_ids] = new_tokens, step_arr + 1
     return new_tokens[:n], logprobs[:n], (ids[:n], lps[:n])
 
   def decode_bucket(self, num_live: int, longest: int) -> tuple[int, int]:
@@ -202,12 +200,18 @@ class Runner:
     `[len(slots)]` tokens and log-probs and the `top_n` most likely candidates
     `[len(slots), top_n]`."""
     size, span = self.decode_bucket(len(slots), longest)
-    rows = np.full(size, self.num_slots, np.int32)  # padding rows: the spare row
-    rows[:len(slots)] = slots
-    self.state, tokens, logprobs, top = self._decode(self.params, self.state, self._rows, rows,
-                                                     np.int32(len(slots)), span, top_n)
+    batch = np.full(size, self.num_slots, np.int32)  # padding rows: the spare row
+    batch[:len(slots)] = slots
+    key = tuple(batch.tolist())
+    if self._batch_rows is None or self._batch_rows[0] != key:  # the live set changed
+      self._batch_rows = (key, jax.tree.map(lambda x: x[batch], self._rows))
+    steps = self._steps[batch]
+    self.cache, logits = self._decode(self.params, self.cache, batch, self._tokens[batch],
+                                      np.int32(len(slots)), span)
+    tokens, logprobs, top = self._sample(logits, self._batch_rows[1], steps, top_n)
     n = len(slots)
     tokens, logprobs, (ids, lps) = jax.device_get((tokens, logprobs, top))
+    self._tokens[batch[:n]], self._steps[batch[:n]] = tokens[:n], steps[:n] + 1
     return tokens[:n], logprobs[:n], (ids[:n], lps[:n])
 
   def warmup(self, prefill_token_budget: int | None = None) -> int:
@@ -224,59 +228,44 @@ class Runner:
           continue
         self.prefill([[0] * length] * g, [self.num_slots] * g, [(Sampling(), 0, ())] * g, [0] * g)
         ran += 1
-    rows = self._rows
-    if rows is None:
-      self.set_slots([(None, 0, ())] * (self.num_slots + 1))
     for size in self.decode_sizes:
+      spare = np.full(size, self.num_slots, np.int32)
       for span in self.decode_spans:
-        spare = np.full(size, self.num_slots, np.int32)
-        self.state, *_ = self._decode(self.params, self.state, self._rows, spare, np.int32(0),
-                                      span, 0)
+        self.cache, logits = self._decode(self.params, self.cache, spare, spare, np.int32(0), span)
         ran += 1
-    jax.block_until_ready(self.state)
+      self._sample(logits, RowSampling.host([], size), np.zeros(size, np.int32), 0)
+    jax.block_until_ready(self.cache)
     return ran
 
   def compiled_count(self) -> int:
     """How many programs the runner holds compiled (weight swaps must not add any)."""
-    return self._decode._cache_size() + self._prefill._cache_size()
+    return self._decode._cache_size() + self._prefill._cache_size() + self._sample._cache_size()
 
   # --- jitted bodies -----------------------------------------------------------------------------
 
-  def _constrain(self, state: SlotState) -> SlotState:
+  def _constrain(self, cache: SlotCache) -> SlotCache:
     pin = lambda x: jax.lax.with_sharding_constraint(x, self._cache_sharding)
-    cache = state.cache.replace(ks=tuple(map(pin, state.cache.ks)),
-                                vs=tuple(map(pin, state.cache.vs)))
-    return state.replace(cache=cache)
+    return cache.replace(ks=tuple(map(pin, cache.ks)), vs=tuple(map(pin, cache.vs)))
 
-  def _prefill_impl(self, params: nnx.State, state: SlotState, tokens: jax.Array,
-                    lengths: jax.Array, slots: jax.Array, rows: RowSampling, steps: jax.Array,
-                    top_n: int):
+  def _prefill_impl(self, params: nnx.State, cache: SlotCache, tokens: jax.Array,
+                    lengths: jax.Array, slots: jax.Array) -> tuple[SlotCache, jax.Array]:
+    """Prompts `tokens` `[G, T]` into `slots` (padding rows: the spare); last-position logits."""
     model = nnx.merge(self.graphdef, params)
     g, t = tokens.shape
     fresh = model.init_cache(g, t)
     hidden, fresh = model.extend(tokens, lengths, fresh)
     last = hidden[jnp.arange(g), jnp.maximum(lengths - 1, 0)]  # [G, D]
-    new_tokens, logprobs, top = sample_with_top(model.logits(last), rows, steps, top_n)
-    state = SlotState(cache=state.cache.insert_prefill(fresh, slots),
-                      tokens=state.tokens.at[slots].set(new_tokens),
-                      steps=state.steps.at[slots].set(steps + 1))
-    return self._constrain(state), new_tokens, logprobs, top
+    return self._constrain(cache.insert_prefill(fresh, slots)), model.logits(last)
 
-  def _decode_impl(self, params: nnx.State, state: SlotState, rows: RowSampling,
-                   slots: jax.Array, num_live: jax.Array, span: int, top_n: int):
-    """One token for batch rows `slots` `[b]` (the first `num_live` are requests, the rest pad
-    with the spare row) over cache positions `[0, span)`."""
+  def _decode_impl(self, params: nnx.State, cache: SlotCache, slots: jax.Array,
+                   tokens: jax.Array, num_live: jax.Array, span: int
+                   ) -> tuple[SlotCache, jax.Array]:
+    """Appends `tokens` `[b]` to batch rows `slots` `[b]` (the first `num_live` are requests, the
+    rest pad with the spare row), attending over cache positions `[0, span)`; next logits."""
     model = nnx.merge(self.graphdef, params)
     live = jnp.arange(slots.shape[0]) < num_live
-    tokens, steps = state.tokens[slots], state.steps[slots]
-    view = state.cache.view(slots, span)
-    hidden, view = model.extend(tokens[:, None], live.astype(jnp.int32), view)
-    new_tokens, logprobs, top = sample_with_top(model.logits(hidden[:, 0]),
-                                                jax.tree.map(lambda x: x[slots], rows), steps, top_n)
-    state = SlotState(cache=view.commit(state.cache),
-                      tokens=state.tokens.at[slots].set(new_tokens),
-                      steps=state.steps.at[slots].set(steps + 1))
-    return self._constrain(state), new_tokens, logprobs, top
+    hidden, view = model.extend(tokens[:, None], live.astype(jnp.int32), cache.view(slots, span))
+    return self._constrain(view.commit(cache)), model.logits(hidden[:, 0])
 
 
 def describe(runner: Runner) -> dict[str, Any]:
