@@ -27,7 +27,7 @@ load average 5-9; jax 0.10.2 XLA:CPU vs torch 2.13 + transformers 5.23), at this
 Wall-clock ratios on that shared machine ranged 1.6x-5.2x over five runs (whichever side happened to
 run during a busy spell lost); the CPU-time ratio, which other load barely moves, stayed 2.6x-3.0x.
 The win is continuous batching (511 decode steps instead of HF's 1303, bounded by the longest
-request) plus packing the tail into a smaller decode batch; per step we are at parity with HF.
+request) plus running the tail in a smaller decode batch. Later measurements: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -111,7 +111,8 @@ class Ours:
   """Our engine in this process (already pinned to the core)."""
 
   def __init__(self, model: str, context_length: int, slots: int):
-    from flashrl_jax.rollout import Engine, EngineConfig
+    from flashrl_jax.rollout import Engine, EngineConfig, enable_compilation_cache
+    enable_compilation_cache(os.path.join(ROOT, ".cache", "jax"))  # a re-run loads, not compiles
     self.engine = Engine(EngineConfig(model, max_running_requests=slots,
                                       context_length=context_length))
     self.warmup = self.engine.warmup().result()

@@ -6,6 +6,7 @@
   controller (client, local server processes, supervisor) live in the JAX-free `flashrl_jax.fleet`.
 """
 
+from flashrl_jax.rollout._compiles import enable_compilation_cache
 from flashrl_jax.rollout._config import EngineConfig, EngineStats
 from flashrl_jax.rollout._engine import Engine
 from flashrl_jax.rollout._request import Output
@@ -13,5 +14,6 @@ from flashrl_jax.rollout._runner import ROLLOUT_RULES, rollout_mesh
 from flashrl_jax.rollout._sampling import Sampling
 
 __all__ = [
-    "ROLLOUT_RULES", "Engine", "EngineConfig", "EngineStats", "Output", "Sampling", "rollout_mesh",
+    "ROLLOUT_RULES", "Engine", "EngineConfig", "EngineStats", "Output", "Sampling",
+    "enable_compilation_cache", "rollout_mesh",
 ]

@@ -10,9 +10,13 @@ process-wide, so this counter is too: it is installed once, on first use.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 
+import jax
 from jax import monitoring
+
+DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "flashrl_jax", "jax")
 
 _BUILD_EVENT = "/jax/core/compile/backend_compile_duration"
 _CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
@@ -70,3 +74,11 @@ def compile_counts() -> CompileCounts:
     if _counter is None:
       _counter = _Counter()
   return _counter.counts()
+
+
+def enable_compilation_cache(path: str, max_bytes: int = 2 << 30) -> None:
+  """Keeps every compiled program in JAX's persistent cache at `path` (least recently used beyond
+  `max_bytes` go), so a restarted server loads its programs instead of compiling them."""
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_compilation_cache_max_size", max_bytes)

@@ -16,11 +16,11 @@ import logging
 import os
 import signal
 
-import jax
 import jax.numpy as jnp
 from absl import app, flags
 from aiohttp import web
 
+from flashrl_jax.rollout._compiles import DEFAULT_CACHE_DIR, enable_compilation_cache
 from flashrl_jax.rollout._config import EngineConfig
 from flashrl_jax.rollout._engine import Engine
 from flashrl_jax.rollout._server import build_app
@@ -53,8 +53,7 @@ _WARMUP = flags.DEFINE_bool("warmup", True, "Compile every prefill and decode sh
                             "listening.")
 _CACHE_DIR = flags.DEFINE_string(
     "compilation_cache_dir",
-    os.environ.get("JAX_COMPILATION_CACHE_DIR")
-    or os.path.join(os.path.expanduser("~"), ".cache", "flashrl_jax", "jax"),
+    os.environ.get("JAX_COMPILATION_CACHE_DIR") or DEFAULT_CACHE_DIR,
     "JAX persistent compilation cache, so a restart loads its programs instead of compiling them "
     "(default: $JAX_COMPILATION_CACHE_DIR, else ~/.cache/flashrl_jax/jax; '' turns it off).")
 
@@ -89,9 +88,7 @@ def main(argv) -> None:
   del argv
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
   if _CACHE_DIR.value:
-    jax.config.update("jax_compilation_cache_dir", _CACHE_DIR.value)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_compilation_cache_max_size", 2 << 30)  # bytes, least recently used go
+    enable_compilation_cache(_CACHE_DIR.value)
   config = _config()
   engine = Engine(config)
   if _WARMUP.value:
