@@ -103,7 +103,9 @@ def run_hf(path: str, prompts: np.ndarray, lengths: np.ndarray, batch: int):
 
 
 def run_ours(path: str, prompts: np.ndarray, lengths: np.ndarray, slots: int):
-  from flashrl_jax.rollout import Engine, EngineConfig, Sampling
+  from flashrl_jax.rollout import Engine, EngineConfig, Sampling, enable_compilation_cache
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  enable_compilation_cache(os.path.join(root, ".cache", "jax"))  # a re-run loads, not compiles
   engine = Engine(EngineConfig(path, max_running_requests=slots,
                                context_length=prompts.shape[1] + int(lengths.max())))
   start = time.perf_counter()  # compile every program the run will use (prefill groups, decode)
