@@ -167,3 +167,53 @@ def test_local_servers_report_startup_failure(tmp_path):
   assert split_cpus(3, range(7)) == [[0, 1], [2, 3], [4, 5]]
   with pytest.raises(ValueError):
     split_cpus(3, [0, 1])
+
+
+def test_dead_engine_is_a_server_failure_never_a_rejected_prompt(tmp_path):
+  """A server whose engine thread died answers every /generate at once with 503 (the stub mimics
+  our server's answer; tests/test_rollout_robust.py kills a real engine): its requests are retried
+  on the other server, none is rejected or lost, and it leaves rotation (its /health fails too)."""
+  with start_stubs(2, "stub", log_dir=str(tmp_path)) as servers:
+    dead, alive = servers.urls
+    configure(dead, misbehave="dead_engine")
+
+    async def wave(c, n):
+      prompts = [[i % 50 + 1] for i in range(n)]
+      results = await asyncio.gather(*(c.generate(p, SamplingParams(max_new_tokens=5))
+                                       for p in prompts))
+      assert [r.output_ids for r in results] == [expected(p, 5)[0] for p in prompts]
+      assert all(r.server_url == alive for r in results)
+      return {s.url: s for s in c.stats().servers}[dead]
+
+    async def main():
+      async with _client(servers.urls, health_interval_s=0.05) as c:
+        first = await wave(c, 10)
+        assert first.num_failures == first.num_requests >= 1 and not first.healthy
+        await asyncio.sleep(0.3)  # health probes run: it stays out
+        return first, await wave(c, 40)
+
+    first, later = run(main())
+  assert later.num_requests == first.num_requests and later.failed_probes >= 2
+
+
+def test_failing_server_is_never_preferred_by_least_loaded_routing(tmp_path):
+  """A server that fails fast (here: malformed answers, which keep it in rotation) has nothing in
+  flight, so least-loaded routing would send it everything; it comes after every server whose last
+  request succeeded, however loaded."""
+  with start_stubs(2, "stub", "--token_latency_s=0.005", log_dir=str(tmp_path)) as servers:
+    bad, good = servers.urls
+    configure(bad, misbehave="non_json")
+
+    async def main():
+      async with _client(servers.urls, health_interval_s=3600) as c:
+        counts = []
+        for _ in range(2):
+          prompts = [[i % 50 + 1] for i in range(20)]
+          results = await asyncio.gather(*(c.generate(p, SamplingParams(max_new_tokens=5))
+                                           for p in prompts))
+          assert [r.output_ids for r in results] == [expected(p, 5)[0] for p in prompts]
+          counts.append({s.url: s for s in c.stats().servers}[bad].num_requests)
+        return counts
+
+    first, second = run(main())
+  assert first >= 1 and second == first  # tried once per wave at most: never again after failing

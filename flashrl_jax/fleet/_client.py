@@ -2,9 +2,10 @@
 
 Rollout is most of an RL step, so servers must stay busy and no sample may be lost: the client
 sends each sample to the server with the fewest outstanding requests, times requests out, retries a
-request on another server when one dies, hangs or answers with a malformed response (validated in
-`_protocol`), and takes dead servers out of rotation (`_servers`; a background `GET /health` puts
-them back). When a server aborts a request (pause in abort mode, e.g. around a weight update) the
+request on another server when one dies, hangs, answers 5xx (a dead engine answers 503) or answers
+with a malformed response (validated in `_protocol`), and takes such servers out of rotation
+(`_servers`; a background `GET /health` puts them back). Only a 4xx answer means the request itself
+is bad (`RequestRejected`): that is the one case a prompt may be dropped. When a server aborts a request (pause in abort mode, e.g. around a weight update) the
 client continues it: it re-submits `prompt + generated prefix` with the remaining `max_new_tokens`,
 keeping the tokens, behaviour log-probs and per-token weight versions already produced. Nothing here
 depends on which implementation answers (real SGLang, our JAX server, or the test stub).
@@ -33,7 +34,14 @@ class GenerationError(RuntimeError):
 
 
 class RequestRejected(GenerationError):
-  """A server answered HTTP 400: the request itself is bad, so it is not retried elsewhere."""
+  """A server refused the request as invalid (HTTP 400, 413 or 422): it is not retried elsewhere.
+
+  Any other failure (5xx, refused connection, timeout, malformed answer) is the server's, and the
+  request is retried on another server instead."""
+
+
+# Answers that mean "this request is invalid", whichever server is asked.
+REJECTED_STATUSES = frozenset({400, 413, 422})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +180,7 @@ class RolloutClient:
       try:
         with self._pool.track(server):
           out = await self._attempt(server, body, sampling.max_new_tokens)
+        server.consecutive_failures = 0
         return out, server, i + 1
       except AttemptFailed as e:
         tried.add(server.url)
@@ -188,8 +197,9 @@ class RolloutClient:
                      max_new_tokens: int) -> proto.GenerateOutput:
     status, text = await self._pool.http(server.url, "POST", "/generate", body,
                                          self.request_timeout_s)
-    if status == 400:
-      raise RequestRejected(f"{server.url} rejected request {body['rid']}: {text[:500]}")
+    if status in REJECTED_STATUSES:
+      raise RequestRejected(f"{server.url} rejected request {body['rid']} (HTTP {status}): "
+                            f"{text[:500]}")
     if status != 200:
       raise AttemptFailed(Fault.SERVER_ERROR, f"HTTP {status}: {text[:200]}")
     try:
@@ -203,6 +213,7 @@ class RolloutClient:
 
   def _record_failure(self, server: Server, wire_rid: str, e: AttemptFailed) -> None:
     server.num_failures += 1
+    server.consecutive_failures += 1  # routed to only when no server without failures is left
     if e.fault is Fault.MALFORMED:  # the server is up; only this answer is rejected
       server.num_malformed += 1
       self._counts["malformed"] += 1
@@ -223,7 +234,8 @@ class RolloutClient:
     with self._pool.track(server):
       async with self._pool.session().post(server.url + "/generate", json=body) as resp:
         if resp.status != 200:
-          raise RequestRejected(f"{server.url}: HTTP {resp.status}: {await resp.text()}")
+          error = RequestRejected if resp.status in REJECTED_STATUSES else GenerationError
+          raise error(f"{server.url}: HTTP {resp.status}: {(await resp.text())[:500]}")
         async for raw in resp.content:
           line = raw.decode().strip()
           if line:

@@ -2,8 +2,9 @@
 
 Kept apart from `_client` (what a generation *means*: retries, continuations, controller ops) so
 that load balancing and health tracking read on their own: a server is picked by fewest outstanding
-requests, taken out of rotation on a connection error or timeout, and put back by a background
-`GET /health` when it answers again. Every HTTP call goes through `ServerPool.http`, which turns
+requests among those whose last request did not fail (a server that fails fast would otherwise
+always look least loaded), taken out of rotation on a connection error, timeout or 5xx, and put
+back by a background `GET /health` when it answers again. Every HTTP call goes through `ServerPool.http`, which turns
 connection problems and timeouts into `AttemptFailed` with a typed `Fault`.
 """
 
@@ -60,6 +61,7 @@ class ServerStats:
   num_failures: int
   num_malformed: int
   busy_s: float  # wall time with at least one request in flight
+  failed_probes: int = 0  # background /health probes failed in a row (reset by one success)
 
 
 @dataclasses.dataclass(eq=False)
@@ -73,11 +75,13 @@ class Server:
   num_malformed: int = 0
   busy_s: float = 0.0
   busy_since: float = 0.0
+  consecutive_failures: int = 0  # requests failed since its last success
+  failed_probes: int = 0
 
   def stats(self) -> ServerStats:
     busy = self.busy_s + (time.monotonic() - self.busy_since if self.in_flight else 0.0)
     return ServerStats(self.url, self.healthy, self.in_flight, self.num_requests,
-                       self.num_failures, self.num_malformed, busy)
+                       self.num_failures, self.num_malformed, busy, self.failed_probes)
 
 
 class ServerPool:
@@ -107,7 +111,8 @@ class ServerPool:
 
   def add(self, url: str) -> None:
     url = url.rstrip("/")
-    self.servers.setdefault(url, Server(url)).healthy = True
+    server = self.servers.setdefault(url, Server(url))
+    server.healthy, server.consecutive_failures, server.failed_probes = True, 0, 0
 
   def remove(self, url: str) -> None:
     self.servers.pop(url.rstrip("/"), None)
@@ -120,6 +125,8 @@ class ServerPool:
   async def pick(self, tried: set[str], wait_s: float) -> Server:
     """Least outstanding requests among healthy servers, preferring ones not tried yet.
 
+    A server whose last request failed comes after every server whose last one did not, whatever
+    its load: a server that fails at once has nothing in flight, so it would look least loaded.
     Ties go to the server that has had the fewest requests, so sequential calls spread too. With no
     healthy server it waits up to `wait_s` for the health loop to bring one back.
     """
@@ -128,7 +135,7 @@ class ServerPool:
       healthy = [s for s in self.servers.values() if s.healthy]
       pool = [s for s in healthy if s.url not in tried] or healthy
       if pool:
-        return min(pool, key=lambda s: (s.in_flight, s.num_requests))
+        return min(pool, key=lambda s: (s.consecutive_failures > 0, s.in_flight, s.num_requests))
       if time.monotonic() > deadline:
         raise AttemptFailed(Fault.CONNECTION, f"no healthy server among {list(self.servers)}")
       await asyncio.sleep(min(0.05, self.health_interval_s))
@@ -195,10 +202,13 @@ class ServerPool:
       servers = list(self.servers.values())
       ok = await asyncio.gather(*(self.probe(s.url) for s in servers))
       for s, good in zip(servers, ok):
-        if good and not s.healthy:
+        if good:
+          s.failed_probes = 0
+        if good and not s.healthy:  # (our /health generates a token: generation works again)
           log.info("%s answers /health again: back in rotation", s.url)
-          s.healthy = True
+          s.healthy, s.consecutive_failures = True, 0
         elif not good and not self.paused:  # a paused SGLang may fail /health legitimately
+          s.failed_probes += 1
           self.mark_down(s, "fails /health")
 
 

@@ -12,9 +12,10 @@ on some servers goes on with the others and hands the failed ones to the same re
 instead of crashing the run and leaving the rest paused.
 
 A server counts as failed when its process exits, when the client has marked it down for longer
-than `unhealthy_grace_s`, or when `hang_failures` of its requests in a row failed (timeouts,
-connection errors) with no success in between, which is how a server that answers `/health` but
-never finishes a generation shows.
+than `unhealthy_grace_s`, when it is out of rotation and has failed `sick_probes` background
+`/health` probes in a row (a server whose engine thread died answers, but 503), or when
+`hang_failures` of its requests in a row failed (timeouts, connection errors, 5xx) with no success
+in between, which is how a server that answers `/health` but never finishes a generation shows.
 
 `record_pids` / `reap_orphans`: server processes run in their own sessions, so a controller killed
 with SIGKILL leaves them behind; the next run with the same workdir kills them before starting.
@@ -45,6 +46,7 @@ class SupervisorConfig:
   poll_s: float = 0.5
   hang_failures: int = 2  # failed requests in a row, none succeeding, before a restart
   unhealthy_grace_s: float = 30.0  # marked down by the client this long: restart / re-admit
+  sick_probes: int = 2  # out of rotation and failing this many /health probes in a row: restart
   rejoin_poll_s: float = 1.0  # how often an external server that left is probed
 
 
@@ -149,6 +151,8 @@ class Supervisor:
       w.down_since = None if s.healthy else (w.down_since or now)
       if w.bad_since_ok >= self.config.hang_failures:
         self._fail(s.url, f"{w.bad_since_ok} requests in a row failed")
+      elif not s.healthy and s.failed_probes >= self.config.sick_probes:
+        self._fail(s.url, f"out of rotation and failed {s.failed_probes} /health probes in a row")
       elif w.down_since is not None and now - w.down_since > self.config.unhealthy_grace_s:
         self._fail(s.url, f"down for {now - w.down_since:.0f}s")
 

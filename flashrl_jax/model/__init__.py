@@ -7,10 +7,14 @@ from flashrl_jax.model._hf_io import (hf_tensors, load_hf, load_hf_state, read_c
                                       tensor_map, write_hf_dir)
 from flashrl_jax.model._layers import ShardFn, no_shard
 from flashrl_jax.model._logprobs import token_logprobs
+from flashrl_jax.model._manifest import (MANIFEST, CorruptVersionError, sha256_file,
+                                         verify_version)
 from flashrl_jax.model._tokenizer import Tokenizer, char_tokenizer, load_tokenizer
 
 __all__ = [
-    "Decoder", "Family", "KVCache", "Llama3RopeScaling", "ModelConfig", "ShardFn", "Tokenizer",
+    "MANIFEST", "CorruptVersionError", "Decoder", "Family", "KVCache", "Llama3RopeScaling",
+    "ModelConfig", "ShardFn", "Tokenizer",
     "char_tokenizer", "hf_tensors", "load_hf", "load_hf_state", "load_tokenizer", "no_shard",
-    "read_config", "save_hf", "tensor_map", "token_logprobs", "write_hf_dir",
+    "read_config", "save_hf", "sha256_file", "tensor_map", "token_logprobs", "verify_version",
+    "write_hf_dir",
 ]

@@ -4,7 +4,10 @@ The same table drives import (`load_hf`), export for rollout servers (`save_hf`,
 `/update_weights_from_disk` and `transformers.from_pretrained` read) and the round-trip tests. A
 `Linear` entry records how many leading axes of our kernel are inputs: our kernels are
 `[in..., out...]` (e.g. q_proj `[embed, heads, head_dim]`), HF's are `[prod(out), prod(in)]`.
-Loading is all-or-nothing: a missing, unexpected or misshapen tensor is an error that names it.
+Loading is all-or-nothing: a missing, unexpected, misshapen, non-float or non-finite tensor, an
+unreadable config or a malformed index is an error (ValueError / OSError) that names it, and
+nothing is returned; what is read must be a regular file inside the directory (a FIFO, a device or
+an index entry pointing elsewhere is refused rather than read).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from safetensors.numpy import save_file
 from flashrl_jax.model._config import Family, ModelConfig
 from flashrl_jax.model._decoder import Decoder
 from flashrl_jax.model._layers import ShardFn, no_shard
+from flashrl_jax.model._manifest import plain_name, read_small_json, regular_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,12 +110,19 @@ def _safetensors_files(path: str) -> dict[str, str]:
   """Tensor name -> file, from an index or a single `model.safetensors`."""
   index = os.path.join(path, "model.safetensors.index.json")
   single = os.path.join(path, "model.safetensors")
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"{path} is not a directory.")
   if os.path.exists(index):
-    with open(index) as f:
-      weight_map = json.load(f)["weight_map"]
-    return {name: os.path.join(path, file) for name, file in weight_map.items()}
+    weight_map = read_small_json(index, "safetensors index")
+    weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(n, str) for n in weight_map):
+      raise ValueError(f"{index} has no `weight_map` object of tensor name -> file.")
+    files = {name: os.path.join(path, plain_name(file, index)) for name, file in weight_map.items()}
+    for file in set(files.values()):
+      regular_file(file, "safetensors file")
+    return files
   if os.path.exists(single):
-    with safe_open(single, framework="numpy") as f:
+    with safe_open(regular_file(single, "safetensors file"), framework="numpy") as f:
       return {name: single for name in f.keys()}
   others = [f for f in os.listdir(path) if f.endswith((".bin", ".pt", ".pth", ".ckpt", ".pkl"))]
   if others:
@@ -122,16 +133,28 @@ def _safetensors_files(path: str) -> dict[str, str]:
 
 def _read_tensor(file: str, name: str) -> np.ndarray:
   # framework="flax" handles bfloat16, which plain NumPy cannot describe; we go back to host NumPy.
-  with safe_open(file, framework="flax") as f:
-    return np.asarray(f.get_tensor(name))
+  try:
+    with safe_open(file, framework="flax") as f:
+      return np.asarray(f.get_tensor(name))
+  except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for bad files
+    if isinstance(e, (ValueError, OSError)):
+      raise
+    raise ValueError(f"cannot read tensor {name} from {file}: {e!r:.300}") from None
 
 
 def read_config(path: str) -> ModelConfig:
   config_file = os.path.join(path, "config.json")
   if not os.path.exists(config_file):
     raise FileNotFoundError(f"No config.json in {path}.")
-  with open(config_file) as f:
-    return ModelConfig.from_hf(json.load(f))
+  hf = read_small_json(config_file, "config")
+  if not isinstance(hf, dict):
+    raise ValueError(f"{config_file} must hold a JSON object.")
+  try:
+    return ModelConfig.from_hf(hf)
+  except ValueError:
+    raise
+  except Exception as e:  # noqa: BLE001 - a field of the wrong type (a list for an int, ...)
+    raise ValueError(f"{config_file} has a field of the wrong type or shape: {e!r:.300}") from None
 
 
 def load_hf_state(path: str, config: ModelConfig, abstract_state: nnx.State,
@@ -158,7 +181,12 @@ def load_hf_state(path: str, config: ModelConfig, abstract_state: nnx.State,
     if tuple(value.shape) != expected:
       raise ValueError(f"Tensor {entry.hf_name} in {path} has shape {tuple(value.shape)}, "
                        f"expected {expected} for this config.")
+    if not jnp.issubdtype(value.dtype, jnp.floating):
+      raise ValueError(f"Tensor {entry.hf_name} in {path} has dtype {value.dtype}; weights are "
+                       "floating point.")
     array = from_hf_array(value, entry.kind, shape).astype(dtype)
+    if not np.isfinite(array).all():  # NaN/inf weights would only ever produce NaN log-probs
+      raise ValueError(f"Tensor {entry.hf_name} in {path} holds non-finite values.")
     sharding = flat_shardings.get(entry.path)
     sharding = getattr(sharding, "value", sharding)
     flat[entry.path] = variable.replace(

@@ -58,6 +58,7 @@ class EngineStats:
   generated_tokens: int = 0
   warmup_shapes: int = 0  # step shapes `Engine.warmup` ran
   warmup_s: float | None = None  # how long it took (None: never warmed up)
+  engine_errors: int = 0  # failed device calls and iterations the engine recovered from
 
   def idle_fraction(self, num_slots: int) -> float:
     """Slot-steps in which a slot held no request (what static batching wastes)."""

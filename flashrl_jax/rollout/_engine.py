@@ -9,6 +9,15 @@ Scheduling: waiting requests are prefilled into free slots (FIFO, grouped up to 
 soon as a slot frees, then one decode step advances every occupied slot; a finished request frees its
 slot at once, so a short request never waits for a long one. Pausing and weight updates follow
 SGLang's semantics (see `PauseMode` and `update_weights_from_disk`).
+
+Failure isolation: nothing a request carries may stop the engine thread. Requests are checked
+against the engine's limits before they are queued (`validate`, including building their device
+row); a device call that still fails is retried with its requests alone (a failed group prefill),
+and only the request that fails on its own is ended, with an error (`Output.error`, answered 5xx).
+A failed device call may have consumed the donated slot state, so the slots are rebuilt and the
+running requests recomputed from prompt + output, as on a retract. Only a `BaseException` that is
+not an `Exception` (an interpreter exit, or `kill` for fault tests) ends the thread; the engine then
+refuses work with `EngineShutDown` and the server answers 503.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
+import math
 import threading
 import time
 import uuid
@@ -29,10 +39,22 @@ from flashrl_jax.rollout._config import EngineConfig, EngineStats
 from flashrl_jax.fleet import FinishKind, FinishReason, PauseMode
 from flashrl_jax.rollout._request import LogprobOptions, Output, Request, validate_request
 from flashrl_jax.rollout._runner import Runner, rollout_mesh
-from flashrl_jax.rollout._sampling import MAX_TOP_LOGPROBS, Sampling
+from flashrl_jax.rollout._sampling import MAX_TOP_LOGPROBS, RowSampling, Sampling
 from flashrl_jax.rollout._scoring import PromptScorer
 
 log = logging.getLogger(__name__)
+
+# Decode calls that may fail in a row (each followed by a rebuild of the slots) before the requests
+# running in them are failed: a failure that survives a rebuild is not transient.
+MAX_DECODE_FAILURES = 2
+
+
+class EngineShutDown(RuntimeError):
+  """The engine thread has stopped (shutdown, or killed): nothing submitted would ever run."""
+
+
+class _Killed(BaseException):
+  """Raised on the engine thread by `kill` (fault tests): not an `Exception`, so nothing catches it."""
 
 
 class Engine:
@@ -78,6 +100,7 @@ class Engine:
     self._pending_update: tuple[str, str | None, bool, concurrent.futures.Future] | None = None
     self._slots_dirty = True
     self._stopping = False
+    self._decode_failures = 0
     self._thread = threading.Thread(target=self._loop, name="rollout-engine", daemon=True)
     self._thread.start()
 
@@ -113,9 +136,13 @@ class Engine:
     request = Request(rid or uuid.uuid4().hex, prompt_ids, sampling, seed=seed,
                       max_new_tokens=max_new, eos_ids=self.eos_ids, group=group,
                       on_update=on_update, stream=stream, logprobs=logprobs)
+    try:  # the row the device will see: anything that does not fit fails here, not on the thread
+      RowSampling.host([self._sampling_row(request)], 1)
+    except (ArithmeticError, ValueError, TypeError) as e:
+      raise ValueError(f"sampling options do not fit the engine: {e}") from None
     with self._cv:
       if self._stopping:
-        raise RuntimeError("the engine is shut down.")
+        raise EngineShutDown("the engine is shut down.")
       if request.rid in self._live:
         raise ValueError(f"a request with rid {request.rid!r} is already running.")
       self._live[request.rid] = request
@@ -160,7 +187,7 @@ class Engine:
     future: concurrent.futures.Future = concurrent.futures.Future()
     with self._cv:  # set here, not on the engine thread, so requests submitted after us wait
       if self._stopping:
-        future.set_exception(RuntimeError("the engine is shut down."))
+        future.set_exception(EngineShutDown("the engine is shut down."))
       elif self._pending_update is not None:
         future.set_result((False, "another weight update is still waiting for in-flight "
                                   "requests.", 0))
@@ -193,6 +220,11 @@ class Engine:
               "num_used_tokens": sum(len(r.prompt_ids) + r.num_generated for r in running),
               "max_total_num_tokens": self.context_length * len(self._slots)}
 
+  def kill(self) -> concurrent.futures.Future:
+    """Ends the engine thread as a crash would (fault tests): in-flight requests fail, new ones are
+    refused with `EngineShutDown`, and `alive` turns False."""
+    return self._call(self._die)
+
   def shutdown(self, timeout: float = 30.0) -> None:
     with self._cv:
       self._stopping = True
@@ -212,7 +244,7 @@ class Engine:
     future: concurrent.futures.Future = concurrent.futures.Future()
     with self._cv:
       if self._stopping:
-        future.set_exception(RuntimeError("the engine is shut down."))
+        future.set_exception(EngineShutDown("the engine is shut down."))
         return future
       self._commands.append((fn, args, future))
       self._cv.notify_all()
@@ -237,32 +269,60 @@ class Engine:
             self._cv.wait()
           if self._stopping:
             break
-          commands = list(self._commands)
-          self._commands.clear()
-        for fn, args, future in commands:
-          try:
-            future.set_result(fn(*args))
-          except Exception as e:  # surfaced to the caller, never kills the loop
-            future.set_exception(e)
-        self._maybe_apply_update()
-        if self._paused is None:
-          self._admit()
-          if any(r is not None for r in self._slots):
-            self._step()
+        try:
+          self._iterate()
+        except Exception as error:  # noqa: BLE001 - a bug in one iteration must not end the thread
+          self._on_unexpected(error)
+    except _Killed:
+      log.warning("rollout engine thread killed (fault injection)")
     except BaseException:
       log.exception("rollout engine loop crashed")
       raise
     finally:
       with self._cv:
         self._stopping = True  # refuse new work: nothing would ever run it
-      self._abort_everything("the engine shut down")
+      self._abort_everything("the engine shut down", error=True)
       with self._cv:
         for _, _, future in self._commands:
-          future.set_exception(RuntimeError("the engine is shut down."))
+          future.set_exception(EngineShutDown("the engine is shut down."))
         self._commands.clear()
         if self._pending_update is not None:
-          self._pending_update[-1].set_exception(RuntimeError("the engine is shut down."))
+          self._pending_update[-1].set_exception(EngineShutDown("the engine is shut down."))
           self._pending_update = None
+
+  def _iterate(self) -> None:
+    with self._cv:
+      commands = list(self._commands)
+      self._commands.clear()
+    for i, (fn, args, future) in enumerate(commands):
+      try:
+        future.set_result(fn(*args))
+      except Exception as e:  # surfaced to the caller, never kills the loop
+        future.set_exception(e)
+      except BaseException:  # the thread ends: this and the later commands fail with it
+        future.set_exception(EngineShutDown("the engine is shut down."))
+        with self._cv:
+          self._commands.extendleft(reversed(commands[i + 1:]))
+        raise
+    self._maybe_apply_update()
+    if self._paused is None:
+      self._admit()
+      if any(r is not None for r in self._slots):
+        self._step()
+
+  def _on_unexpected(self, error: Exception) -> None:
+    """A failure outside the guarded device calls: fail what was running, rebuild the slots."""
+    log.exception("rollout engine iteration failed; failing its running requests")
+    self.stats.engine_errors += 1
+    for slot, request in self._running():
+      self._fail(request, slot, f"internal engine error: {error!r:.300}")
+    try:
+      self.runner.reset()
+    except Exception:  # noqa: BLE001 - the next device call will fail and be isolated again
+      log.exception("could not rebuild the slot state")
+
+  def _die(self) -> None:
+    raise _Killed("engine killed on request (fault injection)")
 
   def _sampling_row(self, request: Request):
     return (request.sampling, request.seed, request.stop_ids)
@@ -271,6 +331,26 @@ class Engine:
     with self._cv:
       self._live.pop(request.rid, None)
     request.complete(finish, self.weight_version)
+
+  def _fail(self, request: Request, slot: int | None, message: str) -> None:
+    """Ends one request with an error (freeing its slot), leaving every other request alone."""
+    log.error("request %s failed in the engine: %s", request.rid, message)
+    if slot is not None:
+      self._free(slot)
+    with self._cv:
+      self._live.pop(request.rid, None)
+    request.fail(message, self.weight_version)
+
+  def _rebuild_slots(self) -> None:
+    """After a failed device call, whose donated slot state may be gone: every running request goes
+    back to the front of the queue (recomputed from prompt + output, as on retract) and the slots
+    start empty."""
+    running = sorted((r for _, r in self._running()), key=lambda r: r.created)
+    for slot, _ in self._running():
+      self._free(slot)
+    with self._cv:
+      self._waiting.extendleft(reversed(running))
+    self.runner.reset()
 
   def _free(self, slot: int) -> None:
     self._slots[slot] = None
@@ -288,22 +368,30 @@ class Engine:
           if candidate.num_generated >= candidate.max_new_tokens:
             exhausted.append(self._waiting.popleft())
             continue
+          if group and (candidate.solo or group[0].solo):
+            break
           lengths = [len(r.prompt_ids) + r.num_generated for r in group + [candidate]]
           g, t = self.runner.prefill_bucket(lengths)
           if group and g * t > self.config.prefill_token_budget:
             break
           group.append(self._waiting.popleft())
       self._score_prompts(group + exhausted)
+      group = [r for r in group if not r.done]  # (scoring failed them)
       for request in exhausted:
-        self._finish(request, FinishReason(FinishKind.LENGTH, length=request.num_generated))
+        if not request.done:
+          self._finish(request, FinishReason(FinishKind.LENGTH, length=request.num_generated))
       if not group:
         if not exhausted:
           return
         continue
       prompts = [r.all_ids() for r in group]
-      tokens, logprobs, (top_ids, top_lps) = self.runner.prefill(
-          prompts, free[:len(group)], [self._sampling_row(r) for r in group],
-          [r.num_generated for r in group], top_n=self._top_n(group))
+      try:
+        tokens, logprobs, (top_ids, top_lps) = self.runner.prefill(
+            prompts, free[:len(group)], [self._sampling_row(r) for r in group],
+            [r.num_generated for r in group], top_n=self._top_n(group))
+      except Exception as error:  # noqa: BLE001 - isolated to the requests of this group
+        self._prefill_failed(group, error)
+        continue
       self.stats.prefill_calls += 1
       self.stats.prefill_tokens += sum(len(p) for p in prompts)
       for i, (slot, request) in enumerate(zip(free, group)):
@@ -313,16 +401,34 @@ class Engine:
           self._slots[slot] = request
           self._slots_dirty = True
 
+  def _prefill_failed(self, group: list[Request], error: Exception) -> None:
+    """A group prefill raised: retry its requests one by one; one that fails alone is failed."""
+    self.stats.engine_errors += 1
+    log.error("prefill of %d request(s) failed: %r", len(group), error)
+    if len(group) == 1 and (group[0].solo or self.config.max_prefill_batch == 1):
+      self._fail(group[0], None, f"prefill failed: {error!r:.300}")
+    else:
+      for request in group:
+        request.solo = True
+      with self._cv:
+        self._waiting.extendleft(reversed(group))
+    self._rebuild_slots()
+
   def _step(self) -> None:
     """One decode step over the live slots, wherever they are (nothing is moved)."""
-    if self._slots_dirty:
-      self.runner.set_slots([self._sampling_row(r) if r is not None else (None, 0, ())
-                             for r in self._slots])
-      self._slots_dirty = False
     running = self._running()
-    longest = max(len(r.prompt_ids) + r.num_generated for _, r in running)
-    tokens, logprobs, (top_ids, top_lps) = self.runner.decode(
-        [slot for slot, _ in running], longest, top_n=self._top_n([r for _, r in running]))
+    try:
+      if self._slots_dirty:
+        self.runner.set_slots([self._sampling_row(r) if r is not None else (None, 0, ())
+                               for r in self._slots])
+        self._slots_dirty = False
+      longest = max(len(r.prompt_ids) + r.num_generated for _, r in running)
+      tokens, logprobs, (top_ids, top_lps) = self.runner.decode(
+          [slot for slot, _ in running], longest, top_n=self._top_n([r for _, r in running]))
+    except Exception as error:  # noqa: BLE001 - the slots are rebuilt; the engine goes on
+      self._decode_failed(error)
+      return
+    self._decode_failures = 0
     self.stats.decode_steps += 1
     self.stats.busy_slot_steps += len(running)
     self.stats.computed_slot_steps += self.runner.decode_bucket(len(running), longest)[0]
@@ -339,15 +445,39 @@ class Engine:
     """Prompt log-probs for the requests that asked, on the weights about to generate for them."""
     for request in requests:
       if request.wants_input_logprobs:
-        logprobs, tops = self.scorer.score(self.runner.params, request.prompt_ids,
-                                           request.logprob_options.top_n)
+        try:
+          logprobs, tops = self.scorer.score(self.runner.params, request.prompt_ids,
+                                             request.logprob_options.top_n)
+        except Exception as error:  # noqa: BLE001 - fails this request alone
+          self.stats.engine_errors += 1
+          self._fail(request, None, f"prompt scoring failed: {error!r:.300}")
+          continue
         request.set_input_logprobs(logprobs, tops)
+
+  def _decode_failed(self, error: Exception) -> None:
+    self.stats.engine_errors += 1
+    self._decode_failures += 1
+    log.error("decode step failed (%d in a row): %r", self._decode_failures, error)
+    if self._decode_failures >= MAX_DECODE_FAILURES:  # not transient: fail what it was running
+      self._decode_failures = 0
+      for slot, request in self._running():
+        self._fail(request, slot, f"decode failed {MAX_DECODE_FAILURES} times: {error!r:.300}")
+    self._slots_dirty = True
+    self._rebuild_slots()
 
   def _on_token(self, request: Request, token: int, logprob: float, slot: int | None,
                 top=None) -> None:
+    if not math.isfinite(logprob):  # never sent: it is not JSON, and no ratio could use it
+      self._fail(request, slot, f"the model produced a non-finite log-prob ({logprob}) at output "
+                                f"position {request.num_generated} (non-finite logits?)")
+      return
     request.append(token, logprob, self.weight_version, top)
     self.stats.generated_tokens += 1
-    finish = request.check_finish(self.tokenizer)
+    try:
+      finish = request.check_finish(self.tokenizer)
+    except Exception as error:  # noqa: BLE001 - e.g. a tokenizer failing on a stop-string check
+      self._fail(request, slot, f"finish check failed: {error!r:.300}")
+      return
     if finish is None:
       request.notify(self.weight_version)
       return
@@ -357,11 +487,13 @@ class Engine:
 
   # --- control commands (engine thread) ----------------------------------------------------------
 
-  def _abort_everything(self, message: str, *, held_too: bool = True) -> int:
-    return self._abort_matching(lambda r: True, message, held_too=held_too)
+  def _abort_everything(self, message: str, *, held_too: bool = True, error: bool = False) -> int:
+    return self._abort_matching(lambda r: True, message, held_too=held_too, error=error)
 
-  def _abort_matching(self, match, message: str, *, held_too: bool = True) -> int:
-    """Finishes every matching request (queued, held, running) with its partial output."""
+  def _abort_matching(self, match, message: str, *, held_too: bool = True,
+                      error: bool = False) -> int:
+    """Finishes every matching request (queued, held, running) with its partial output; with
+    `error`, as failed (the server answers 5xx: retry elsewhere, not a continuation here)."""
     with self._cv:
       victims = [r for r in self._waiting if match(r)]
       self._waiting = collections.deque(r for r in self._waiting if not match(r))
@@ -373,7 +505,10 @@ class Engine:
         self._free(slot)
         victims.append(request)
     for request in victims:
-      self._finish(request, FinishReason(FinishKind.ABORT, message=message))
+      if error:
+        self._fail(request, None, message)
+      else:
+        self._finish(request, FinishReason(FinishKind.ABORT, message=message))
     return len(victims)
 
   def _do_pause(self, mode: PauseMode) -> None:
@@ -406,7 +541,7 @@ class Engine:
     num_paused = len(self._waiting) + len(self._running()) if self._paused else 0
     try:
       params = self.runner.load_params(path)
-    except (ValueError, OSError, KeyError) as e:
+    except Exception as e:  # noqa: BLE001 - whatever is wrong with the directory, refuse it
       result = (False, f"Failed to update weights from {path}: {e} Still serving weight version "
                        f"{self.weight_version!r}.", num_paused)
     else:

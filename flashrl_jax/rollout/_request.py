@@ -58,6 +58,9 @@ class Output:
   input_logprobs: tuple[float | None, ...] | None = None
   input_top: tuple[TopRow, ...] = ()
   output_top: tuple[TopRow, ...] = ()
+  # Set when the request failed inside the engine (not because of what it asked for): the server
+  # answers 5xx, so a client retries it elsewhere instead of taking the partial output.
+  error: str | None = None
 
 
 def validate_request(prompt_ids: Sequence[int], sampling: Sampling, *, vocab_size: int,
@@ -75,6 +78,9 @@ def validate_request(prompt_ids: Sequence[int], sampling: Sampling, *, vocab_siz
   if len(prompt_ids) >= context_length:
     raise ValueError(f"The input ({len(prompt_ids)} tokens) is longer than the model's context "
                      f"length ({context_length} tokens, prompt + output).")
+  bad = [t for t in sampling.stop_token_ids if t >= vocab_size]
+  if bad:
+    raise ValueError(f"stop_token_ids {bad[:8]} are outside the vocabulary [0, {vocab_size}).")
   banned = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(eos_ids))
   if len(banned) > MAX_STOP_IDS:
     raise ValueError(f"at most {MAX_STOP_IDS} stop token ids (eos included) are supported.")
@@ -104,6 +110,8 @@ class Request:
     self.created = time.perf_counter()
     self.finished_at: float | None = None
     self.current_version = ""
+    self.error: str | None = None
+    self.solo = False  # prefill alone: a group it was in failed, so it may be the cause
     self._done = threading.Event()
     self._final: Output | None = None
 
@@ -181,7 +189,7 @@ class Request:
         versions=tuple(VersionSpan(v, s, e) for v, s, e in self.versions), finish=self.finish,
         weight_version=weight_version, latency_s=end - self.created,
         input_logprobs=None if self.input_logprobs is None else tuple(self.input_logprobs),
-        input_top=tuple(self.input_top), output_top=tuple(self.output_top))
+        input_top=tuple(self.input_top), output_top=tuple(self.output_top), error=self.error)
 
   def notify(self, weight_version: str) -> None:
     """Reports progress to a streaming caller (`on_update` always hears the final snapshot)."""
@@ -193,6 +201,11 @@ class Request:
       self.on_update(output)
     except Exception:  # pylint: disable=broad-except
       log.exception("on_update callback of request %s failed", self.rid)
+
+  def fail(self, message: str, weight_version: str) -> None:
+    """Ends the request with an engine-side error (finish `abort` carrying the message)."""
+    self.error = message
+    self.complete(FinishReason(FinishKind.ABORT, message=message), weight_version)
 
   def complete(self, finish: FinishReason, weight_version: str) -> None:
     self.finish = finish

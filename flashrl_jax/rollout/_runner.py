@@ -18,7 +18,9 @@ the live requests need, whatever slots they sit in.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 from typing import Any, Sequence
 
 import jax
@@ -27,7 +29,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from flashrl_jax.model import Decoder, ModelConfig, load_hf_state, no_shard, read_config
+from flashrl_jax.model import (MANIFEST, Decoder, ModelConfig, load_hf_state, no_shard, read_config,
+                               verify_version)
 from flashrl_jax.rollout._sampling import RowSampling, Sampling, sample_with_top
 from flashrl_jax.rollout._slot_cache import SlotCache
 
@@ -121,14 +124,24 @@ class Runner:
   # --- weights -----------------------------------------------------------------------------------
 
   def load_params(self, path: str) -> nnx.State:
-    """Reads an HF directory into the running model's structure (ValueError if it does not fit)."""
+    """Reads an HF directory into the running model's structure, completely, or raises.
+
+    A directory with a `manifest.json` (every version the trainer exports) must match it file for
+    file (sizes and sha256) before anything is read; its config must describe the running model
+    (every field: weights for another rope theta or eos would be served wrong, silently); then
+    every tensor must have its name, shape, a float dtype and finite values. Nothing here touches
+    the weights being served, so a refusal leaves them serving.
+    """
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, MANIFEST)):
+      verify_version(path)
     other = read_config(path)
     mine = self.config
-    for field in ("family", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                  "num_heads", "num_kv_heads", "head_dim", "tie_word_embeddings"):
-      if getattr(other, field) != getattr(mine, field):
-        raise ValueError(f"{path} has {field}={getattr(other, field)!r} but the running model has "
-                         f"{getattr(mine, field)!r}.")
+    if other != mine:
+      diff = {f.name: (getattr(other, f.name), getattr(mine, f.name))
+              for f in dataclasses.fields(ModelConfig)
+              if getattr(other, f.name) != getattr(mine, f.name)}
+      raise ValueError(f"{path} describes another model than the running one: "
+                       + ", ".join(f"{k}={a!r} (running: {b!r})" for k, (a, b) in diff.items()))
     return load_hf_state(path, self.config, self.abstract_state, self.shardings)
 
   def set_params(self, params: nnx.State) -> None:

@@ -12,6 +12,7 @@ draws the same tokens whatever slot, batch or recomputation it runs in.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any, Mapping
 
@@ -24,6 +25,12 @@ from flax import struct
 MAX_STOP_IDS = 16
 # The most candidates per position `top_logprobs_num` may ask for (OpenAI's own cap is 20).
 MAX_TOP_LOGPROBS = 20
+# Integer options travel to the device as int32 (`RowSampling`): larger values are refused at the
+# edge, never left to overflow on the engine thread.
+INT32_MAX = 2**31 - 1
+# Temperatures below this sample greedily, as SGLang does (`_SAMPLING_EPS`): `logits / T` would
+# overflow float32 and turn the behaviour log-prob into +-inf or NaN.
+SAMPLING_EPS = 1e-6
 
 # SGLang `sampling_params` keys this engine does not implement, each with the test for its neutral
 # value: a neutral value (what SGLang's own clients send by default, e.g. `logit_bias: {}`) is
@@ -75,29 +82,33 @@ class Sampling:
     if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
       raise ValueError(f"min_new_tokens={self.min_new_tokens} > max_new_tokens="
                        f"{self.max_new_tokens}.")
-    if not self.temperature >= 0:
-      raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
+    if not (0 <= self.temperature and math.isfinite(self.temperature)):
+      raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}.")
     if not 0 < self.top_p <= 1:
       raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
-    if self.top_k == 0 or self.top_k < -1:
-      raise ValueError(f"top_k must be -1 (all) or >= 1, got {self.top_k}.")
+    if self.top_k == 0 or self.top_k < -1 or self.top_k > INT32_MAX:
+      raise ValueError(f"top_k must be -1 (all) or in [1, {INT32_MAX}], got {self.top_k}.")
     if not 0 <= self.min_p <= 1:
       raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
+    if self.min_new_tokens > INT32_MAX:
+      raise ValueError(f"min_new_tokens must be <= {INT32_MAX}, got {self.min_new_tokens}.")
     if self.n < 1:
       raise ValueError(f"n must be >= 1, got {self.n}.")
     if any(not s for s in self.stop):
       raise ValueError("stop strings must be non-empty.")
-    if any(t < 0 for t in self.stop_token_ids):
-      raise ValueError(f"stop_token_ids must be >= 0, got {list(self.stop_token_ids)}.")
+    if any(not 0 <= t <= INT32_MAX for t in self.stop_token_ids):
+      raise ValueError(f"stop_token_ids must be in [0, {INT32_MAX}], got "
+                       f"{list(self.stop_token_ids)[:8]}.")
     for pattern in self.stop_regex:
       try:
         re.compile(pattern)
       except re.error as e:
-        raise ValueError(f"stop_regex {pattern!r} is not a valid regular expression: {e}.") from None
+        raise ValueError(f"stop_regex {pattern!r:.100} is not a valid regular expression: "
+                         f"{e}.") from None
 
   @property
   def greedy(self) -> bool:
-    return self.temperature == 0
+    return self.temperature < SAMPLING_EPS
 
   @classmethod
   def from_json(cls, obj: Mapping[str, Any] | None) -> "Sampling":
@@ -113,7 +124,7 @@ class Sampling:
         continue
       if key in _NEUTRAL:
         if value is not None and not _is_neutral(key, value):
-          raise ValueError(f"sampling param {key}={value!r} is not supported by this engine "
+          raise ValueError(f"sampling param {key}={value!r:.100} is not supported by this engine "
                            "(only its neutral value is).")
         continue
       if key not in fields:
@@ -136,7 +147,9 @@ def _is_neutral(key: str, value: Any) -> bool:
 def _coerce(key: str, value: Any) -> Any:
   def number(v, kind):
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-      raise ValueError(f"sampling param {key} must be a number, got {v!r}.")
+      raise ValueError(f"sampling param {key} must be a number, got {v!r:.100}.")
+    if isinstance(v, float) and not math.isfinite(v):  # 1e400 parses as inf
+      raise ValueError(f"sampling param {key} must be finite, got {v!r}.")
     if kind is int and v != int(v):
       raise ValueError(f"sampling param {key} must be an integer, got {v!r}.")
     return kind(v)
@@ -148,14 +161,14 @@ def _coerce(key: str, value: Any) -> Any:
   if key in ("stop", "stop_regex"):
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-      raise ValueError(f"{key} must be a string or a list of strings, got {value!r}.")
+      raise ValueError(f"{key} must be a string or a list of strings, got {value!r:.100}.")
     return tuple(s for s in stops if s) if key == "stop_regex" else tuple(stops)
   if key == "stop_token_ids":
     if not isinstance(value, list):
-      raise ValueError(f"stop_token_ids must be a list of ints, got {value!r}.")
+      raise ValueError(f"stop_token_ids must be a list of ints, got {value!r:.100}.")
     return tuple(number(v, int) for v in value)
   if not isinstance(value, bool):
-    raise ValueError(f"sampling param {key} must be a boolean, got {value!r}.")
+    raise ValueError(f"sampling param {key} must be a boolean, got {value!r:.100}.")
   return value
 
 
@@ -186,7 +199,8 @@ class RowSampling:
     for i, (s, row_seed, banned) in enumerate(rows):
       if s is None:
         continue
-      temperature[i], top_p[i], top_k[i], min_p[i] = s.temperature, s.top_p, s.top_k, s.min_p
+      temperature[i] = 0.0 if s.greedy else s.temperature
+      top_p[i], top_k[i], min_p[i] = s.top_p, s.top_k, s.min_p
       seed[i] = (row_seed >> 32) & 0xFFFFFFFF, row_seed & 0xFFFFFFFF
       min_new[i] = s.min_new_tokens
       stop_ids[i, :len(banned)] = banned

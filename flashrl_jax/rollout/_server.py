@@ -4,11 +4,18 @@ Why it is thin: all state lives in the engine (its own thread); a handler parses
 with `submit` or a control future, and awaits the outcome on the event loop, so one slow generation
 never blocks `/health`, `/v1/loads` or a pause. A client that disconnects has its requests aborted,
 freeing their slots (a controller that timed out and retried elsewhere must not leave work behind).
+
+Status codes say whose fault a failure is, because the client acts on them: 4xx means the request
+is bad (`_wire` names the field; the client drops it), 5xx means the server is (503 once the engine
+thread has stopped, 500 for a request that failed inside the engine: the client retries elsewhere).
+Parsing and tokenizing run on a worker thread, so a large body never blocks `/health`; every JSON
+answer is strict (no NaN/Infinity), and a bug in a handler is answered 500 in JSON, never a crash.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -17,12 +24,13 @@ from typing import Any
 
 from aiohttp import web
 
-from flashrl_jax.rollout._engine import Engine
+from flashrl_jax.rollout._engine import Engine, EngineShutDown
 from flashrl_jax.fleet import FinishKind, PauseMode
 from flashrl_jax.rollout._request import Output
 from flashrl_jax.rollout._runner import describe
 from flashrl_jax.rollout._sampling import Sampling
-from flashrl_jax.rollout._wire import BadRequest, GenerateJob, output_json, parse_generate
+from flashrl_jax.rollout._wire import (BadRequest, GenerateJob, Limits, output_json, parse_generate,
+                                       parse_json)
 
 log = logging.getLogger(__name__)
 
@@ -30,25 +38,47 @@ VERSION = "flashrl_jax-0.1"
 HEALTH_TIMEOUT_S = 20.0
 _ENGINE = web.AppKey("engine", Engine)
 _ARGS = web.AppKey("server_args", dict)
+_LIMITS = web.AppKey("limits", Limits)
+_dumps = functools.partial(json.dumps, allow_nan=False)  # NaN/Infinity are not JSON: raise instead
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+  return web.json_response(obj, status=status, dumps=_dumps)
 
 
 def _error(message: str, status: int = 400) -> web.Response:
-  return web.json_response({"error": {"message": message}}, status=status)
+  return _json({"error": {"message": message}}, status=status)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler) -> web.StreamResponse:
+  """Refusals become their status; a stopped engine 503; anything else (a bug) a logged 500."""
+  try:
+    return await handler(request)
+  except BadRequest as e:
+    return _error(str(e), e.status)
+  except EngineShutDown as e:
+    return _error(str(e), 503)
+  except web.HTTPException:
+    raise
+  except Exception as e:  # noqa: BLE001
+    log.exception("%s %s failed", request.method, request.path)
+    return _error(f"internal server error: {e!r:.300}", 500)
+
+
+async def _read(request: web.Request) -> bytes:
+  limit = request.app[_LIMITS].max_body_bytes
+  try:
+    return await request.read()
+  except web.HTTPRequestEntityTooLarge:
+    raise BadRequest(f"the request body is larger than this server's limit ({limit} bytes).",
+                     413) from None
+  except web.RequestPayloadError as e:  # e.g. a body that does not match its Content-Encoding
+    raise BadRequest(f"could not read the request body: {e}") from None
 
 
 async def _body(request: web.Request, *, required: bool = True) -> dict:
-  raw = await request.read()
-  if not raw.strip():
-    if required:
-      raise BadRequest("the request body must be a JSON object.")
-    return {}
-  try:
-    body = json.loads(raw)
-  except ValueError as e:
-    raise BadRequest(f"the request body is not valid JSON: {e}") from None
-  if not isinstance(body, dict):
-    raise BadRequest("the request body must be a JSON object.")
-  return body
+  return parse_json(await _read(request), required=required)
 
 
 def _decoder(engine: Engine):
@@ -66,27 +96,45 @@ def _submit(engine: Engine, job: GenerateJob, on_update) -> list:
       submitted.append(engine.submit(
           item.prompt_ids, item.sampling, rid=item.rid, group=item.group, stream=job.stream,
           on_update=lambda out, index=index: on_update(index, out), logprobs=item.logprobs))
-  except (ValueError, RuntimeError):
+  except (ValueError, EngineShutDown) as e:
     for request in submitted:
       engine.abort(request.rid)
+    if isinstance(e, ValueError):
+      raise BadRequest(str(e)) from None
     raise
   return submitted
 
 
+def _parse_and_submit(raw: bytes, engine: Engine, limits: Limits, on_update) -> tuple:
+  """JSON, validation, tokenization and queuing: the request's CPU work, on a worker thread."""
+  encode = engine.tokenizer.encode if engine.tokenizer is not None else None
+  job = parse_generate(parse_json(raw), encode=encode, validate=engine.validate, limits=limits)
+  return job, _submit(engine, job, on_update)
+
+
+def _failure(engine: Engine, outputs: list[Output]) -> web.Response | None:
+  """A 5xx for requests that failed inside the engine (the client retries them elsewhere)."""
+  errors = [out.error for out in outputs if out.error is not None]
+  if not errors:
+    return None
+  return _error(f"{len(errors)} of {len(outputs)} sample(s) failed in the engine: {errors[0]}",
+                500 if engine.alive else 503)
+
+
 async def generate(request: web.Request) -> web.StreamResponse:
   engine = request.app[_ENGINE]
-  encode = engine.tokenizer.encode if engine.tokenizer is not None else None
-  try:
-    job = parse_generate(await _body(request), encode=encode, validate=engine.validate)
-  except BadRequest as e:
-    return _error(str(e))
+  raw = await _read(request)
   loop = asyncio.get_running_loop()
   updates: asyncio.Queue = asyncio.Queue()
   on_update = lambda index, out: loop.call_soon_threadsafe(updates.put_nowait, (index, out))
+  work = asyncio.ensure_future(asyncio.to_thread(_parse_and_submit, raw, engine,
+                                                 request.app[_LIMITS], on_update))
   try:
-    submitted = _submit(engine, job, on_update)
-  except (ValueError, RuntimeError) as e:
-    return _error(str(e))
+    job, submitted = await asyncio.shield(work)
+  except asyncio.CancelledError:  # the client left while we parsed: whatever got queued is freed
+    work.add_done_callback(lambda w: w.cancelled() or w.exception() or
+                           [engine.abort(r.rid) for r in w.result()[1]])
+    raise
   decode = _decoder(engine)
   try:
     if job.stream:
@@ -96,8 +144,11 @@ async def generate(request: web.Request) -> web.StreamResponse:
       index, out = await updates.get()
       if out.finish is not None:
         final[index] = out
+    failed = _failure(engine, list(final.values()))
+    if failed is not None:
+      return failed
     results = [output_json(final[i], item, job, decode) for i, item in enumerate(job.items)]
-    return web.json_response(results if job.batch else results[0])
+    return _json(results if job.batch else results[0])
   finally:  # the client went away (or we failed): free the slots of whatever is still running
     for r in submitted:
       if not r.done:
@@ -120,9 +171,12 @@ async def _stream(request: web.Request, job: GenerateJob, updates: asyncio.Queue
     for index, out in sorted(latest.items()):
       if out.finish is not None:
         finished.add(index)
-      obj = output_json(out, job.items[index], job, decode,
-                        index=index if job.batch else None)
-      await response.write(f"data: {json.dumps(obj)}\n\n".encode())
+      if out.error is not None:  # as SGLang streams errors: an error object, then the end
+        obj = {"error": {"message": f"sample failed in the engine: {out.error}"}}
+      else:
+        obj = output_json(out, job.items[index], job, decode,
+                          index=index if job.batch else None)
+      await response.write(f"data: {_dumps(obj)}\n\n".encode())
   await response.write(b"data: [DONE]\n\n")
   await response.write_eof()
   return response
@@ -130,23 +184,33 @@ async def _stream(request: web.Request, job: GenerateJob, updates: asyncio.Queue
 
 # --- weights and pausing -----------------------------------------------------------------------------
 
+def _update_answer(success: bool, message: str, status: int, num_paused: int = 0) -> web.Response:
+  return _json({"success": success, "message": message, "num_paused_requests": num_paused},
+               status=status)
+
+
 async def update_weights_from_disk(request: web.Request) -> web.Response:
   engine = request.app[_ENGINE]
   try:
     body = await _body(request)
   except BadRequest as e:
-    return _error(str(e))
+    return _update_answer(False, str(e), e.status)
   path = body.get("model_path")
-  if not isinstance(path, str) or not path:
-    return web.json_response({"success": False, "message": "model_path (str) is required.",
-                              "num_paused_requests": 0}, status=400)
+  if not isinstance(path, str) or not path or "\0" in path:
+    return _update_answer(False, "model_path (a non-empty str) is required.", 400)
   version = body.get("weight_version")
+  if version is not None and (isinstance(version, (dict, list, bool)) or len(str(version)) > 256):
+    return _update_answer(False, "weight_version must be a short string or number.", 400)
   version = None if version is None else str(version)
-  future = engine.update_weights_from_disk(path, version,
-                                           abort_all=bool(body.get("abort_all_requests", False)))
-  success, message, num_paused = await asyncio.wrap_future(future)
-  return web.json_response({"success": success, "message": message,
-                            "num_paused_requests": num_paused}, status=200 if success else 400)
+  abort_all = body.get("abort_all_requests", False)
+  if not isinstance(abort_all, bool):
+    return _update_answer(False, "abort_all_requests must be a boolean.", 400)
+  try:
+    success, message, num_paused = await asyncio.wrap_future(
+        engine.update_weights_from_disk(path, version, abort_all=abort_all))
+  except EngineShutDown as e:
+    return _update_answer(False, str(e), 503)
+  return _update_answer(success, message, 200 if success else 400, num_paused)
 
 
 async def pause_generation(request: web.Request) -> web.Response:
@@ -154,25 +218,24 @@ async def pause_generation(request: web.Request) -> web.Response:
   try:
     body = await _body(request, required=False)
     mode = PauseMode(body.get("mode") or "abort")
-  except (BadRequest, ValueError) as e:
+  except (BadRequest, ValueError, TypeError) as e:
     return _error(f"bad pause request: {e}; mode must be one of abort, retract, in_place.")
   await asyncio.wrap_future(engine.pause(mode))
-  return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+  return _json({"message": "Generation paused successfully.", "status": "ok"})
 
 
 async def continue_generation(request: web.Request) -> web.Response:
   await asyncio.wrap_future(request.app[_ENGINE].resume())
-  return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+  return _json({"message": "Generation continued successfully.", "status": "ok"})
 
 
 async def abort_request(request: web.Request) -> web.Response:
-  try:
-    body = await _body(request, required=False)
-  except BadRequest as e:
-    return _error(str(e))
-  rid, abort_all = body.get("rid") or None, bool(body.get("abort_all", False))
+  body = await _body(request, required=False)
+  rid, abort_all = body.get("rid") or None, body.get("abort_all", False)
   if rid is not None and not isinstance(rid, str):
     return _error("rid must be a string.")
+  if not isinstance(abort_all, bool):
+    return _error("abort_all must be a boolean.")
   if rid is not None or abort_all:
     await asyncio.wrap_future(request.app[_ENGINE].abort(rid, abort_all))
   return web.Response(status=200)
@@ -197,11 +260,13 @@ async def health_generate(request: web.Request) -> web.Response:
   try:
     probe = engine.submit([0], Sampling(max_new_tokens=1, temperature=0),
                           rid=f"HEALTH_CHECK_{uuid.uuid4().hex}")
-  except RuntimeError as e:
+  except EngineShutDown as e:
     return web.Response(text=str(e), status=503)
   deadline = time.monotonic() + HEALTH_TIMEOUT_S
   try:
     while time.monotonic() < deadline:
+      if probe.done and probe.error is not None:  # generation itself fails: not healthy
+        return web.Response(text=f"health check generation failed: {probe.error}", status=503)
       # Done (even if aborted by a concurrent pause) or other work advancing: the engine is alive.
       if probe.done or engine.stats.decode_steps + engine.stats.prefill_calls > progress + 1:
         return web.Response(status=200)
@@ -233,7 +298,7 @@ def _model_info(app: web.Application) -> dict[str, Any]:
 
 
 async def model_info(request: web.Request) -> web.Response:
-  return web.json_response(_model_info(request.app))
+  return _json(_model_info(request.app))
 
 
 async def server_info(request: web.Request) -> web.Response:
@@ -249,17 +314,18 @@ async def server_info(request: web.Request) -> web.Response:
                                "prefill_calls": stats.prefill_calls,
                                "generated_tokens": stats.generated_tokens,
                                "slot_idle_fraction": stats.idle_fraction(engine.runner.num_slots),
+                               "engine_errors": stats.engine_errors, "engine_alive": engine.alive,
                                "paused": engine.paused.value if engine.paused else None,
                                **engine.compiles()}]}
-  return web.json_response(info)
+  return _json(info)
 
 
 async def loads(request: web.Request) -> web.Response:
   engine = request.app[_ENGINE]
   load = engine.loads()
   load["token_usage"] = load["num_used_tokens"] / max(load["max_total_num_tokens"], 1)
-  return web.json_response({"timestamp": time.time(), "version": VERSION, "dp_rank_count": 1,
-                            "loads": [{"dp_rank": 0, **load}]})
+  return _json({"timestamp": time.time(), "version": VERSION, "dp_rank_count": 1,
+                "loads": [{"dp_rank": 0, **load}]})
 
 
 async def get_load(request: web.Request) -> web.Response:
@@ -267,7 +333,7 @@ async def get_load(request: web.Request) -> web.Response:
   requests, as SGLang's own load once was); the per-rank fields of SGLang's newer list form sit
   beside it, flattened (this server is one data-parallel rank)."""
   load = request.app[_ENGINE].loads()
-  return web.json_response({
+  return _json({
       "load": load["num_used_tokens"], "dp_rank": 0,
       "num_reqs": load["num_running_reqs"] + load["num_waiting_reqs"],
       "num_waiting_reqs": load["num_waiting_reqs"], "num_tokens": load["num_used_tokens"],
@@ -275,34 +341,32 @@ async def get_load(request: web.Request) -> web.Response:
 
 
 async def weight_version(request: web.Request) -> web.Response:
-  return web.json_response({"weight_version": request.app[_ENGINE].weight_version})
+  return _json({"weight_version": request.app[_ENGINE].weight_version})
 
 
 async def update_weight_version(request: web.Request) -> web.Response:
   """Relabels the weights being served (no weights change), SGLang's `/update_weight_version`."""
   engine = request.app[_ENGINE]
-  try:
-    body = await _body(request)
-  except BadRequest as e:
-    return _error(str(e))
+  body = await _body(request)
   version = body.get("new_version")
-  if not isinstance(version, (str, int)) or isinstance(version, bool) or version == "":
-    return web.json_response({"success": False, "message": "new_version (str) is required."},
-                             status=400)
+  if (not isinstance(version, (str, int)) or isinstance(version, bool) or version == ""
+      or len(str(version)) > 256):
+    return _json({"success": False, "message": "new_version (a short str) is required."},
+                 status=400)
   abort_all = body.get("abort_all_requests", False)
   if not isinstance(abort_all, bool):
     return _error("abort_all_requests must be a boolean.")
   if abort_all:
     await asyncio.wrap_future(engine.abort(abort_all=True))
   await asyncio.wrap_future(engine.set_weight_version(str(version)))
-  return web.json_response({"success": True, "message": f"Weight version updated to {version}",
-                            "new_version": str(version)})
+  return _json({"success": True, "message": f"Weight version updated to {version}",
+                "new_version": str(version)})
 
 
 async def models(request: web.Request) -> web.Response:
   """OpenAI's `/v1/models`: the one model this server serves."""
   engine = request.app[_ENGINE]
-  return web.json_response({"object": "list", "data": [{
+  return _json({"object": "list", "data": [{
       "id": served_model_name(request.app), "object": "model", "created": int(time.time()),
       "owned_by": "flashrl_jax", "root": engine.config.model_path, "parent": None,
       "max_model_len": engine.context_length}]})
@@ -311,20 +375,32 @@ async def models(request: web.Request) -> web.Response:
 async def ready(request: web.Request) -> web.Response:
   """Readiness without a generation: the engine loop is running (warm-up is done before listen)."""
   if not request.app[_ENGINE].alive:
-    return web.json_response({"status": "not ready", "message": "engine is not running"},
-                             status=503)
-  return web.json_response({"status": "ready"})
+    return _json({"status": "not ready", "message": "engine is not running"}, status=503)
+  return _json({"status": "ready"})
 
 
 async def ping(request: web.Request) -> web.Response:
   return web.Response(status=200) if request.app[_ENGINE].alive else web.Response(status=503)
 
 
-def build_app(engine: Engine, server_args: dict[str, Any] | None = None) -> web.Application:
+async def kill_engine(request: web.Request) -> web.Response:
+  """Fault injection (`--enable_fault_injection` only): stops the engine thread as a crash would,
+  leaving the process and its HTTP server up, to test that clients and the supervisor cope."""
+  engine = request.app[_ENGINE]
+  try:
+    await asyncio.wrap_future(engine.kill())
+  except BaseException:  # noqa: BLE001 - the future fails with the shutdown: that is the point
+    pass
+  return _json({"engine_alive": engine.alive})
+
+
+def build_app(engine: Engine, server_args: dict[str, Any] | None = None, *,
+              limits: Limits = Limits(), fault_injection: bool = False) -> web.Application:
   """The application; `server_args` (resolved flags) are echoed by `/server_info`."""
-  app = web.Application(client_max_size=64 << 20)
+  app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[_errors])
   app[_ENGINE] = engine
   app[_ARGS] = server_args if server_args is not None else {}
+  app[_LIMITS] = limits
   app.router.add_post("/generate", generate)
   app.router.add_post("/update_weights_from_disk", update_weights_from_disk)
   app.router.add_post("/pause_generation", pause_generation)
@@ -345,4 +421,6 @@ def build_app(engine: Engine, server_args: dict[str, Any] | None = None) -> web.
   app.router.add_get("/v1/models", models)
   app.router.add_get("/ready", ready)
   app.router.add_get("/ping", ping)
+  if fault_injection:
+    app.router.add_post("/debug/kill_engine", kill_engine)
   return app

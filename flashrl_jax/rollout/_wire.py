@@ -4,11 +4,19 @@ Why on its own: every malformed request must be turned into an HTTP 400 *before*
 reaches the engine (so a bad request never disturbs others), and the response shapes must match
 `shared/SGLANG_PROTOCOL.md` field for field. Both are plain functions over dicts, kept apart from the
 aiohttp routes so they read (and fail) on their own.
+
+This is the one place requests are validated: `Limits` bounds what a request may cost before any
+work is done (body bytes, text characters before tokenizing, prompts, `n`, stop strings), strict
+JSON (`parse_json`: no NaN/Infinity, no nesting that exhausts the parser), the sampling options'
+types and device ranges (`Sampling.from_json`), and the engine's own limits (vocabulary, context,
+stop ids: `validate`). Every refusal names the field.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import uuid
 from typing import Any, Callable, Sequence
 
@@ -18,7 +26,52 @@ from flashrl_jax.rollout._sampling import Sampling
 
 
 class BadRequest(ValueError):
-  """A request the server answers with HTTP 400 `{"error": {"message": ...}}`."""
+  """A request the server answers with HTTP 400 (or `status`) `{"error": {"message": ...}}`."""
+
+  def __init__(self, message: str, status: int = 400):
+    super().__init__(message)
+    self.status = status
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  """What one request may ask of this server, checked before anything is parsed further,
+  tokenized or queued (so no request can stall the event loop or the engine by its size)."""
+
+  max_body_bytes: int = 32 << 20  # answered 413
+  max_text_chars: int = 1 << 20  # per prompt, before tokenizing (else send input_ids)
+  max_n: int = 1024  # samples per prompt
+  max_samples: int = 4096  # prompts x n in one /generate
+  max_stop_strings: int = 64
+  max_stop_chars: int = 1024  # per stop string: each is searched in a decoded tail every step
+  max_rid_chars: int = 1024
+
+  def __post_init__(self):
+    if min(dataclasses.astuple(self)) < 1:
+      raise ValueError(f"every limit must be >= 1: {self}")
+
+
+def _no_constant(name: str):
+  raise BadRequest(f"the request body is not valid JSON: {name} is not a JSON number.")
+
+
+def parse_json(raw: bytes, *, required: bool = True) -> dict:
+  """A request body as a JSON object (strict JSON: NaN and Infinity are refused)."""
+  if not raw.strip():
+    if required:
+      raise BadRequest("the request body must be a JSON object.")
+    return {}
+  try:
+    body = json.loads(raw, parse_constant=_no_constant)
+  except RecursionError:
+    raise BadRequest("the request body is not valid JSON: nested too deeply.") from None
+  except ValueError as e:  # includes invalid UTF-8 and integers of more than 4300 digits
+    if isinstance(e, BadRequest):
+      raise
+    raise BadRequest(f"the request body is not valid JSON: {e}") from None
+  if not isinstance(body, dict):
+    raise BadRequest("the request body must be a JSON object.")
+  return body
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +122,7 @@ def _flag(body: dict, key: str, default: bool = False) -> bool:
   if value is None:
     return default
   if not isinstance(value, bool):
-    raise BadRequest(f"{key} must be a boolean, got {value!r}.")
+    raise BadRequest(f"{key} must be a boolean, got {value!r:.100}.")
   return value
 
 
@@ -99,17 +152,40 @@ def _refuse_unsupported(body: dict) -> None:
                        "neutral value is).")
 
 
-def _prompts(body: dict, encode: Callable[[str], list[int]] | None) -> tuple[list[list[int]], bool]:
+def _encode(text: str, encode: Callable[[str], list[int]], limits: Limits) -> list[int]:
+  if len(text) > limits.max_text_chars:
+    raise BadRequest(f"text has {len(text)} characters, more than this server's limit "
+                     f"({limits.max_text_chars}); send input_ids.")
+  try:
+    text.encode("utf-8")
+  except UnicodeEncodeError as e:  # a lone surrogate ("\ud800") is valid JSON, not valid text
+    raise BadRequest(f"text is not valid Unicode: {e.reason} at index {e.start}.") from None
+  try:
+    return list(encode(text))
+  except Exception as e:  # noqa: BLE001 - whatever the tokenizer refuses is the request's fault
+    raise BadRequest(f"text could not be tokenized: {e!r:.300}") from None
+
+
+def _prompts(body: dict, encode: Callable[[str], list[int]] | None,
+             limits: Limits) -> tuple[list[list[int]], bool]:
   text, ids = body.get("text"), body.get("input_ids")
   if (text is None) == (ids is None):
     raise BadRequest("Either text or input_ids should be provided, not both and not neither.")
+  many = text if text is not None else ids
+  if (isinstance(many, list) and many and isinstance(many[0], (str, list))
+      and len(many) > limits.max_samples):
+    raise BadRequest(f"{len(many)} prompts in one request, more than this server's limit "
+                     f"({limits.max_samples}).")
   if text is not None:
     if encode is None:
       raise BadRequest("this server has no tokenizer (no tokenizer.json); send input_ids.")
     if isinstance(text, str):
-      return [encode(text)], False
+      return [_encode(text, encode, limits)], False
     if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
-      return [encode(t) for t in text], True
+      for t in text:  # every length first: refuse before spending time on any tokenization
+        if len(t) > limits.max_text_chars:
+          _encode(t, encode, limits)
+      return [_encode(t, encode, limits) for t in text], True
     raise BadRequest("text must be a string or a non-empty list of strings.")
   if isinstance(ids, list) and ids and all(_is_int(t) for t in ids):
     return [list(ids)], False
@@ -119,14 +195,28 @@ def _prompts(body: dict, encode: Callable[[str], list[int]] | None) -> tuple[lis
   raise BadRequest("input_ids must be a non-empty list of ints or a list of such lists.")
 
 
+def _check_sampling(sampling: Sampling, limits: Limits) -> None:
+  if sampling.n > limits.max_n:
+    raise BadRequest(f"sampling_params.n={sampling.n} is above this server's limit "
+                     f"({limits.max_n}).")
+  if len(sampling.stop) > limits.max_stop_strings:
+    raise BadRequest(f"sampling_params.stop has {len(sampling.stop)} strings, more than this "
+                     f"server's limit ({limits.max_stop_strings}).")
+  if any(len(s) > limits.max_stop_chars for s in sampling.stop):
+    raise BadRequest(f"a sampling_params.stop string is longer than this server's limit "
+                     f"({limits.max_stop_chars} characters).")
+
+
 def parse_generate(body: Any, *, encode: Callable[[str], list[int]] | None,
-                   validate: Callable[[list[int], Sampling, LogprobOptions], None]
-                   ) -> GenerateJob:
-  """Turns a `/generate` body into samples; raises BadRequest for anything the engine can't serve."""
+                   validate: Callable[[list[int], Sampling, LogprobOptions], None],
+                   limits: Limits = Limits()) -> GenerateJob:
+  """Turns a `/generate` body into samples; raises BadRequest for anything the engine can't serve.
+
+  Tokenizes `text`: run it off the event loop."""
   if not isinstance(body, dict):
     raise BadRequest("the request body must be a JSON object.")
   _refuse_unsupported(body)
-  prompts, batch = _prompts(body, encode)
+  prompts, batch = _prompts(body, encode, limits)
   raw = body.get("sampling_params")
   if isinstance(raw, list):
     if len(raw) != len(prompts):
@@ -137,6 +227,11 @@ def parse_generate(body: Any, *, encode: Callable[[str], list[int]] | None,
     samplings = [Sampling.from_json(r) for r in raw]
   except ValueError as e:
     raise BadRequest(str(e)) from None
+  for sampling in samplings:
+    _check_sampling(sampling, limits)
+  if sum(s.n for s in samplings) > limits.max_samples:
+    raise BadRequest(f"{sum(s.n for s in samplings)} samples (prompts x n) in one request, more "
+                     f"than this server's limit ({limits.max_samples}).")
   rids = body.get("rid")
   if rids is None:
     rids = [None] * len(prompts)
@@ -148,6 +243,8 @@ def parse_generate(body: Any, *, encode: Callable[[str], list[int]] | None,
     raise BadRequest("rid must be a string (or, for a batch, a list with one per prompt).")
   if any(r is not None and not isinstance(r, str) for r in rids):
     raise BadRequest("every rid must be a string.")
+  if any(r is not None and len(r) > limits.max_rid_chars for r in rids):
+    raise BadRequest(f"a rid is longer than this server's limit ({limits.max_rid_chars}).")
   if len(set(r for r in rids if r is not None)) < sum(r is not None for r in rids):
     raise BadRequest("rids within a batch must be distinct.")
   n = len(prompts)
@@ -216,7 +313,9 @@ def output_json(out: Output, item: GenerateItem, job: GenerateJob,
   if item.return_logprob:
     with_text = job.return_text_in_logprobs and decode is not None
     text = (lambda tok: decode([tok], False)) if with_text else (lambda tok: None)
-    entry = lambda lp, tok: [lp, tok, text(tok)]
+    # Output log-probs are finite (the engine fails a request rather than produce another); a
+    # prompt or top candidate's may be -inf (a banned token) and is sent as null: strict JSON.
+    entry = lambda lp, tok: [lp if lp is None or math.isfinite(lp) else None, tok, text(tok)]
     meta["output_token_logprobs"] = [entry(lp, tok) for lp, tok in zip(out.logprobs,
                                                                         out.output_ids)]
     start = item.logprobs.input_start

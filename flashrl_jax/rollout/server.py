@@ -24,6 +24,7 @@ from flashrl_jax.rollout._compiles import DEFAULT_CACHE_DIR, enable_compilation_
 from flashrl_jax.rollout._config import EngineConfig
 from flashrl_jax.rollout._engine import Engine
 from flashrl_jax.rollout._server import build_app
+from flashrl_jax.rollout._wire import Limits
 
 _MODEL_PATH = flags.DEFINE_string("model_path", None, "HF checkpoint directory (safetensors).")
 _TOKENIZER_PATH = flags.DEFINE_string("tokenizer_path", None,
@@ -56,6 +57,15 @@ _CACHE_DIR = flags.DEFINE_string(
     os.environ.get("JAX_COMPILATION_CACHE_DIR") or DEFAULT_CACHE_DIR,
     "JAX persistent compilation cache, so a restart loads its programs instead of compiling them "
     "(default: $JAX_COMPILATION_CACHE_DIR, else ~/.cache/flashrl_jax/jax; '' turns it off).")
+_MAX_BODY = flags.DEFINE_integer("max_body_bytes", Limits.max_body_bytes,
+                                 "Largest request body accepted (413 above).")
+_MAX_TEXT = flags.DEFINE_integer("max_text_chars", Limits.max_text_chars,
+                                 "Longest `text` prompt accepted, checked before tokenizing.")
+_MAX_N = flags.DEFINE_integer("max_n", Limits.max_n, "Largest `n` (samples per prompt).")
+_MAX_SAMPLES = flags.DEFINE_integer("max_samples_per_request", Limits.max_samples,
+                                    "Most samples (prompts x n) in one /generate.")
+_FAULTS = flags.DEFINE_bool("enable_fault_injection", False,
+                            "Serve POST /debug/kill_engine (fault tests only).")
 
 
 def _config() -> EngineConfig:
@@ -69,7 +79,10 @@ def _config() -> EngineConfig:
 
 
 async def _serve(engine: Engine, args: dict) -> None:
-  runner = web.AppRunner(build_app(engine, args), handler_cancellation=True, access_log=None)
+  limits = Limits(max_body_bytes=_MAX_BODY.value, max_text_chars=_MAX_TEXT.value,
+                  max_n=_MAX_N.value, max_samples=_MAX_SAMPLES.value)
+  app = build_app(engine, args, limits=limits, fault_injection=_FAULTS.value)
+  runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
   await runner.setup()
   site = web.TCPSite(runner, _HOST.value, _PORT.value)
   await site.start()

@@ -41,6 +41,7 @@ class Misbehave(enum.Enum):
   MISSING_FIELDS = "missing_fields"            # no meta_info
   HANG = "hang"                                # /generate never answers (/health still does)
   DIE_AFTER = "die_after"                      # the process exits when request die_after+1 arrives
+  DEAD_ENGINE = "dead_engine"  # as our server once its engine thread died: 503 at once, /health too
 
 
 def parse_misbehave(spec: str) -> tuple[Misbehave, int]:
@@ -257,6 +258,8 @@ class StubServer:
     self.num_generate += 1
     if c.misbehave is Misbehave.DIE_AFTER and self.num_generate > c.die_after:
       os._exit(1)
+    if c.misbehave is Misbehave.DEAD_ENGINE:
+      return web.json_response({"error": {"message": "the engine is shut down."}}, status=503)
     body = await _body(request)
     try:
       reqs, many, logprob = self._parse(body)
@@ -338,6 +341,8 @@ class StubServer:
     return web.Response(text="Cache flushed.\n")
 
   async def health(self, request: web.Request) -> web.Response:
+    if self.config.misbehave is Misbehave.DEAD_ENGINE:
+      return web.Response(text="engine is not running", status=503)
     return web.Response()
 
   async def model_info(self, request: web.Request) -> web.Response:

@@ -8,7 +8,8 @@ things must hold while the trainer keeps publishing versions:
   same root (`.tmp-<pid>-<rand>-weight_v...-<host>`), every file and the dir are fsynced, then
   one `os.rename` publishes it (atomic on POSIX within a filesystem) and the root is fsynced. Its
   `manifest.json` (version, step, created time, sha256 and size per file) is written inside the temp
-  dir, so a published version always carries the checksums to verify it by (`verify_version`).
+  dir, so a published version always carries the checksums to verify it by (`verify_version`, in
+  `flashrl_jax.model`, which the rollout server runs before it loads a version).
 * A version never disappears under a server still loading or serving it. `VersionStore.gc` deletes
   only versions no caller holds (`acquire`/`release` reference counts, kept in the process that owns
   the store), and deletes by renaming to `.trash-...` first, so a listing never shows a torn one.
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import collections
 import datetime
-import hashlib
 import json
 import logging
 import os
@@ -39,20 +39,16 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from flashrl_jax.model import ModelConfig, hf_tensors, write_hf_dir
+from flashrl_jax.model import (MANIFEST, CorruptVersionError, ModelConfig, hf_tensors,
+                               sha256_file, verify_version, write_hf_dir)
 from flashrl_jax.trainer._distributed import to_host
 
 _log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
 _PREFIX = "weight_v"
 _VERSION_RE = re.compile(rf"^{_PREFIX}(\d{{6,}})$")
 _TMP = ".tmp-"
 _TRASH = ".trash-"
-
-
-class CorruptVersionError(ValueError):
-  """An exported version's files do not match its manifest."""
 
 
 def version_dirname(version: int) -> str:
@@ -78,14 +74,6 @@ def _fsync(path: str) -> None:
     os.close(fd)
 
 
-def _sha256(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
-
-
 def _write_version(config: ModelConfig, tensors, version: int, step: int | None,
                    root_dir: str) -> str:
   final = os.path.join(root_dir, version_dirname(version))
@@ -100,7 +88,7 @@ def _write_version(config: ModelConfig, tensors, version: int, step: int | None,
     for name in write_hf_dir(config, tensors, tmp):
       path = os.path.join(tmp, name)
       _fsync(path)
-      files[name] = {"sha256": _sha256(path), "bytes": os.path.getsize(path)}
+      files[name] = {"sha256": sha256_file(path), "bytes": os.path.getsize(path)}
     now = time.time()
     manifest = {"version": version, "step": step, "created_unix": now,
                 "created": datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(),
@@ -154,34 +142,7 @@ def export_version(state_or_model: Any, version: int, root_dir: str, *, config: 
   return final
 
 
-# --- reading --------------------------------------------------------------------------------------
-
-def verify_version(path: str) -> dict:
-  """Checks every file of an exported version against its manifest; returns the manifest.
-
-  Raises:
-    CorruptVersionError: naming the missing, extra, resized or modified file.
-  """
-  manifest_path = os.path.join(path, MANIFEST)
-  try:
-    with open(manifest_path) as f:
-      manifest = json.load(f)
-  except (OSError, ValueError) as e:
-    raise CorruptVersionError(f"{path} has no readable {MANIFEST}: {e}") from e
-  files = manifest["files"]
-  present = set(os.listdir(path)) - {MANIFEST}
-  if present != set(files):
-    raise CorruptVersionError(f"{path}: files {sorted(present)} differ from the manifest's "
-                              f"{sorted(files)}.")
-  for name, entry in files.items():
-    file = os.path.join(path, name)
-    if os.path.getsize(file) != entry["bytes"]:
-      raise CorruptVersionError(f"{file} has {os.path.getsize(file)} bytes, the manifest says "
-                                f"{entry['bytes']}.")
-    if _sha256(file) != entry["sha256"]:
-      raise CorruptVersionError(f"{file} does not match its sha256 in {manifest_path}.")
-  return manifest
-
+# --- the store ------------------------------------------------------------------------------------
 
 def _pid_alive(pid: int) -> bool:
   try:
