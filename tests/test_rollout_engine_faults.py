@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from flashrl_jax.fleet import FinishKind, PauseMode
-from flashrl_jax.rollout import Engine, EngineConfig, Sampling
+from flashrl_jax.rollout import Engine, EngineConfig, Sampling, _request
 from flashrl_jax.rollout._engine import MAX_DECODE_FAILURES, EngineShutDown
 from flashrl_jax.testing import tiny_config, write_tiny_checkpoint
 
@@ -137,6 +137,20 @@ def test_non_finite_logprobs_fail_the_request_and_are_never_returned(engine, cle
     engine.runner.set_params(good)
   assert out.output_ids == () and "non-finite log-prob" in out.error
   _same(engine.generate([[5, 6]], GREEDY)[0], clean[(5, 6)])
+
+
+def test_stop_regex_past_its_time_budget_fails_only_its_request_as_a_bad_request(engine, clean,
+                                                                               monkeypatch):
+  """The `regex` module refuses the textbook catastrophic patterns on its own, so the budget is
+  forced down to make this search run out of it."""
+  monkeypatch.setattr(_request, "STOP_REGEX_TIMEOUT_S", 1e-9)
+  slow = Sampling(temperature=0, max_new_tokens=10, ignore_eos=True, stop_regex=("(?:a|b)*#",))
+  engine.pause(PauseMode.IN_PLACE).result(30)
+  requests = [engine.submit([5, 6], slow), engine.submit([5, 6], GREEDY)]
+  engine.resume().result(30)
+  bad, good = (r.result(60) for r in requests)
+  assert bad.error_status == 400 and "stop_regex" in bad.error
+  _same(good, clean[(5, 6)])
 
 
 def test_killed_engine_refuses_new_work_and_fails_what_it_held(engine):

@@ -37,7 +37,8 @@ from flashrl_jax.model import load_tokenizer, read_config
 from flashrl_jax.rollout._compiles import CompileCounts, compile_counts
 from flashrl_jax.rollout._config import EngineConfig, EngineStats
 from flashrl_jax.fleet import FinishKind, FinishReason, PauseMode
-from flashrl_jax.rollout._request import LogprobOptions, Output, Request, validate_request
+from flashrl_jax.rollout._request import (LogprobOptions, Output, Request, RequestFault,
+                                          validate_request)
 from flashrl_jax.rollout._runner import Runner, rollout_mesh
 from flashrl_jax.rollout._sampling import MAX_TOP_LOGPROBS, RowSampling, Sampling
 from flashrl_jax.rollout._scoring import PromptScorer
@@ -332,14 +333,14 @@ class Engine:
       self._live.pop(request.rid, None)
     request.complete(finish, self.weight_version)
 
-  def _fail(self, request: Request, slot: int | None, message: str) -> None:
+  def _fail(self, request: Request, slot: int | None, message: str, status: int = 500) -> None:
     """Ends one request with an error (freeing its slot), leaving every other request alone."""
     log.error("request %s failed in the engine: %s", request.rid, message)
     if slot is not None:
       self._free(slot)
     with self._cv:
       self._live.pop(request.rid, None)
-    request.fail(message, self.weight_version)
+    request.fail(message, self.weight_version, status)
 
   def _rebuild_slots(self) -> None:
     """After a failed device call, whose donated slot state may be gone: every running request goes
@@ -475,6 +476,9 @@ class Engine:
     self.stats.generated_tokens += 1
     try:
       finish = request.check_finish(self.tokenizer)
+    except RequestFault as error:
+      self._fail(request, slot, str(error), status=400)
+      return
     except Exception as error:  # noqa: BLE001 - e.g. a tokenizer failing on a stop-string check
       self._fail(request, slot, f"finish check failed: {error!r:.300}")
       return

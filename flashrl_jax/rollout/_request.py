@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import re
 import threading
 import time
 from typing import Callable, Sequence
 
 # The protocol's value types are shared with the client, so both sides speak one vocabulary.
+import regex
+
 from flashrl_jax.fleet import FinishKind, FinishReason, VersionSpan
 from flashrl_jax.rollout._sampling import MAX_STOP_IDS, MAX_TOP_LOGPROBS, Sampling
 
@@ -58,9 +59,11 @@ class Output:
   input_logprobs: tuple[float | None, ...] | None = None
   input_top: tuple[TopRow, ...] = ()
   output_top: tuple[TopRow, ...] = ()
-  # Set when the request failed inside the engine (not because of what it asked for): the server
-  # answers 5xx, so a client retries it elsewhere instead of taking the partial output.
+  # Set when the request failed inside the engine: the server answers `error_status`, 500 when it
+  # was not the request's fault (a client retries it elsewhere), 400 when it was (e.g. a stop_regex
+  # that backtracks past its time budget: dropped, not retried).
   error: str | None = None
+  error_status: int = 500
 
 
 def validate_request(prompt_ids: Sequence[int], sampling: Sampling, *, vocab_size: int,
@@ -84,6 +87,14 @@ def validate_request(prompt_ids: Sequence[int], sampling: Sampling, *, vocab_siz
   banned = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(eos_ids))
   if len(banned) > MAX_STOP_IDS:
     raise ValueError(f"at most {MAX_STOP_IDS} stop token ids (eos included) are supported.")
+
+
+# Per search of one stop_regex pattern over the output (the `regex` module enforces it).
+STOP_REGEX_TIMEOUT_S = 0.05
+
+
+class RequestFault(ValueError):
+  """What a request asked for fails while it runs: it ends with HTTP 400, like any bad request."""
 
 
 class Request:
@@ -111,6 +122,7 @@ class Request:
     self.finished_at: float | None = None
     self.current_version = ""
     self.error: str | None = None
+    self.error_status = 500
     self.solo = False  # prefill alone: a group it was in failed, so it may be the cause
     self._done = threading.Event()
     self._final: Output | None = None
@@ -174,7 +186,11 @@ class Request:
       # arrival makes any pattern match ends the request (earlier tokens matched nothing).
       text = tokenizer.decode(self.output_ids, self.sampling.skip_special_tokens)
       for pattern in self.sampling.stop_regex:
-        match = re.search(pattern, text)
+        try:  # a request's pattern runs on the engine thread: its backtracking is bounded
+          match = regex.search(pattern, text, timeout=STOP_REGEX_TIMEOUT_S)
+        except TimeoutError:
+          raise RequestFault(f"stop_regex {pattern!r:.100} took more than {STOP_REGEX_TIMEOUT_S} s "
+                             "on the output (catastrophic backtracking?).") from None
         if match:
           return FinishReason(FinishKind.STOP, matched=match.group(0))
     if n >= self.max_new_tokens:
@@ -189,7 +205,8 @@ class Request:
         versions=tuple(VersionSpan(v, s, e) for v, s, e in self.versions), finish=self.finish,
         weight_version=weight_version, latency_s=end - self.created,
         input_logprobs=None if self.input_logprobs is None else tuple(self.input_logprobs),
-        input_top=tuple(self.input_top), output_top=tuple(self.output_top), error=self.error)
+        input_top=tuple(self.input_top), output_top=tuple(self.output_top), error=self.error,
+        error_status=self.error_status)
 
   def notify(self, weight_version: str) -> None:
     """Reports progress to a streaming caller (`on_update` always hears the final snapshot)."""
@@ -202,9 +219,9 @@ class Request:
     except Exception:  # pylint: disable=broad-except
       log.exception("on_update callback of request %s failed", self.rid)
 
-  def fail(self, message: str, weight_version: str) -> None:
-    """Ends the request with an engine-side error (finish `abort` carrying the message)."""
-    self.error = message
+  def fail(self, message: str, weight_version: str, status: int = 500) -> None:
+    """Ends the request with an error (finish `abort` carrying the message); see `Output.error`."""
+    self.error, self.error_status = message, status
     self.complete(FinishReason(FinishKind.ABORT, message=message), weight_version)
 
   def complete(self, finish: FinishReason, weight_version: str) -> None:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import regex
 from flax import struct
 
 # How many stop token ids (eos included) one request may ban before `min_new_tokens`.
@@ -101,8 +101,8 @@ class Sampling:
                        f"{list(self.stop_token_ids)[:8]}.")
     for pattern in self.stop_regex:
       try:
-        re.compile(pattern)
-      except re.error as e:
+        regex.compile(pattern)
+      except regex.error as e:
         raise ValueError(f"stop_regex {pattern!r:.100} is not a valid regular expression: "
                          f"{e}.") from None
 

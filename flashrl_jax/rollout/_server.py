@@ -113,12 +113,15 @@ def _parse_and_submit(raw: bytes, engine: Engine, limits: Limits, on_update) -> 
 
 
 def _failure(engine: Engine, outputs: list[Output]) -> web.Response | None:
-  """A 5xx for requests that failed inside the engine (the client retries them elsewhere)."""
-  errors = [out.error for out in outputs if out.error is not None]
-  if not errors:
+  """The error answer for samples that failed in the engine: 400 when every failure was the
+  request's own doing, else 5xx (the server's: the client retries them elsewhere)."""
+  failed = [out for out in outputs if out.error is not None]
+  if not failed:
     return None
-  return _error(f"{len(errors)} of {len(outputs)} sample(s) failed in the engine: {errors[0]}",
-                500 if engine.alive else 503)
+  status = 400 if all(out.error_status == 400 for out in failed) else (
+      500 if engine.alive else 503)
+  return _error(f"{len(failed)} of {len(outputs)} sample(s) failed in the engine: "
+                f"{failed[0].error}", status)
 
 
 async def generate(request: web.Request) -> web.StreamResponse:

@@ -199,12 +199,14 @@ def _check_sampling(sampling: Sampling, limits: Limits) -> None:
   if sampling.n > limits.max_n:
     raise BadRequest(f"sampling_params.n={sampling.n} is above this server's limit "
                      f"({limits.max_n}).")
-  if len(sampling.stop) > limits.max_stop_strings:
-    raise BadRequest(f"sampling_params.stop has {len(sampling.stop)} strings, more than this "
-                     f"server's limit ({limits.max_stop_strings}).")
-  if any(len(s) > limits.max_stop_chars for s in sampling.stop):
-    raise BadRequest(f"a sampling_params.stop string is longer than this server's limit "
-                     f"({limits.max_stop_chars} characters).")
+  for key in ("stop", "stop_regex"):
+    values = getattr(sampling, key)
+    if len(values) > limits.max_stop_strings:
+      raise BadRequest(f"sampling_params.{key} has {len(values)} entries, more than this server's "
+                       f"limit ({limits.max_stop_strings}).")
+    if any(len(s) > limits.max_stop_chars for s in values):
+      raise BadRequest(f"a sampling_params.{key} entry is longer than this server's limit "
+                       f"({limits.max_stop_chars} characters).")
 
 
 def parse_generate(body: Any, *, encode: Callable[[str], list[int]] | None,
