@@ -102,29 +102,26 @@ def test_server_with_a_dead_engine_is_restarted(tmp_path):
   from its failed health probes, then rejoins on the current version."""
   weights = tmp_path / "weight_v000004"
   weights.mkdir()
-  counters: dict[str, int] = {}
   with start_stubs(2, "stub", log_dir=str(tmp_path)) as servers:
     victim = servers.urls[0]
     configure(victim, misbehave="dead_engine")
 
     async def main():
       async with _client(servers.urls) as client:
-        sup = Supervisor(client, servers=servers, counters=counters,
-                         config=SupervisorConfig(poll_s=0.05, unhealthy_grace_s=60.0),
-                         current_version=lambda: (str(weights), 4))
+        sup = Supervisor(client, servers=servers, served=(str(weights), 4),
+                         config=SupervisorConfig(poll_s=0.05, unhealthy_grace_s=60.0))
         async with sup:
           prompts, tasks = _generate_all(client, 8, tokens=5)
           results = await asyncio.gather(*tasks)
           assert [r.output_ids for r in results] == [expected(p, 5)[0] for p in prompts]
-          await _until(lambda: counters["server_restarts"] >= 1 and not sup.recovering
-                       and victim in client.urls)
+          await _until(lambda: sup.restarts >= 1 and not sup.recovering and victim in client.urls)
           assert _version(victim) == "4"
           prompts, tasks = _generate_all(client, 8, tokens=5)
           results = await asyncio.gather(*tasks)
           assert any(r.server_url == victim for r in results)  # serving again
+          return sup.restarts
 
-    asyncio.run(main())
-  assert counters["server_restarts"] == 1
+    assert asyncio.run(main()) == 1
 
 
 def test_publish_goes_on_when_a_server_is_dead(tmp_path):

@@ -394,6 +394,10 @@ async def kill_engine(request: web.Request) -> web.Response:
     await asyncio.wrap_future(engine.kill())
   except BaseException:  # noqa: BLE001 - the future fails with the shutdown: that is the point
     pass
+  for _ in range(1000):  # the thread is unwinding (failing what it held): answer once it is gone
+    if not engine.alive:
+      break
+    await asyncio.sleep(0.01)
   return _json({"engine_alive": engine.alive})
 
 
