@@ -117,8 +117,8 @@ def _python_dirs() -> list[str]:
   return covered
 
 
-def _build_root(libc, new_root: str, scratch_mb: int) -> bool:
-  """A minimal root filesystem at `new_root`; returns whether /proc could be mounted.
+def _build_root(libc, new_root: str, scratch_mb: int) -> None:
+  """A minimal root filesystem at `new_root`.
 
   Visible: the system dirs and the Python installation (read-only), a private size-capped /tmp
   (also /var/tmp and /dev/shm), five device nodes and a /proc of the new PID namespace. Not
@@ -128,6 +128,10 @@ def _build_root(libc, new_root: str, scratch_mb: int) -> bool:
   _check(_mount(libc, "tmpfs", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755"),
          "tmpfs root")
   os.umask(0o022)
+  # /tmp first: a Python installed under /tmp is then bound inside it, not hidden by it.
+  os.makedirs(new_root + "/tmp")
+  _check(_mount(libc, "tmpfs", new_root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+                f"size={scratch_mb}m,mode=1777"), "tmpfs /tmp")
   for path in _SYSTEM_DIRS + tuple(_python_dirs()):
     target = new_root + path
     if os.path.islink(path) and path in _SYSTEM_DIRS:
@@ -135,23 +139,20 @@ def _build_root(libc, new_root: str, scratch_mb: int) -> bool:
     elif os.path.isdir(path):
       os.makedirs(target, exist_ok=True)
       _bind_readonly(libc, path, target)
-  os.makedirs(new_root + "/dev")
+  os.makedirs(new_root + "/dev", exist_ok=True)
   for name in _DEVICES:
     target = f"{new_root}/dev/{name}"
     open(target, "w").close()
     _check(_mount(libc, f"/dev/{name}", target, None, MS_BIND), f"bind /dev/{name}")
-  os.makedirs(new_root + "/tmp")
-  _check(_mount(libc, "tmpfs", new_root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
-                f"size={scratch_mb}m,mode=1777"), "tmpfs /tmp")
-  os.makedirs(new_root + "/var")
-  os.symlink("/tmp", new_root + "/var/tmp")
   os.symlink("/tmp", new_root + "/dev/shm")
+  os.makedirs(new_root + "/var", exist_ok=True)
+  if not os.path.lexists(new_root + "/var/tmp"):
+    os.symlink("/tmp", new_root + "/var/tmp")
   os.makedirs(new_root + "/proc")
   # Some container runtimes forbid a fresh /proc inside a user namespace; Python runs without one.
-  has_proc = _mount(libc, "proc", new_root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+  _mount(libc, "proc", new_root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
   read_only = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
   _check(_mount(libc, None, new_root, None, read_only), "read-only root")
-  return has_proc
 
 
 def _own_process_count() -> int:
