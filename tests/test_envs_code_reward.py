@@ -224,16 +224,17 @@ def test_no_trace_of_the_expected_answers_inside_the_sandbox():
 
 
 def test_adaptive_timeout_kills_slow_run_and_reports_savings():
+  """Both are scored at once, through one sandbox slot: the slow one's limit is decided when it
+  gets the slot, after the fast one anchored the prompt, not when it was queued."""
   at = AdaptiveTimeout(AdaptiveTimeoutConfig(t_min=0.6, lam=1.5, t_max=5.0))
-  reward = _reward(at)
+  reward = _reward(at, max_concurrency=1)
   sample = Sample("f", "", tests="assert f() == 1", id="slow-prompt")
   fast = "def f():\n    return 1"
   slow = "import time\ndef f():\n    time.sleep(10)\n    return 1"
 
   async def main():
-    first = await reward("", fast, sample)   # T = T_max: nothing known yet
-    second = await reward("", slow, sample)  # T = max(0.6, 1.5 * fast time), well below 10 s
-    return first, second
+    # T = T_max for the first: nothing known yet; then max(0.6, 1.5 * fast time), well below 10 s.
+    return await asyncio.gather(reward("", fast, sample), reward("", slow, sample))
 
   first, second = asyncio.run(main())
   assert first.reward == 1.0 and first.info["timeout_s"] == 5.0

@@ -54,7 +54,8 @@ class CodeReward:
       raise ValueError(f"sample {sample.id or sample.prompt[:40]!r}: {error}") from None
     program, format_ok = extract_code(response)
     key = sample.id or sample.prompt
-    timeout = (self.adaptive.timeout_for(key, sample.reference_time) if self.adaptive
+    # Decided when the run starts, not when it is queued: runs that finish meanwhile may anchor it.
+    timeout = ((lambda: self.adaptive.timeout_for(key, sample.reference_time)) if self.adaptive
                else self.sandbox.config.timeout_s)
     result = await self.sandbox.run(program, entry=tests.entry, calls=tests.calls(),
                                     timeout_s=timeout)
@@ -63,11 +64,12 @@ class CodeReward:
       raise SandboxUnavailable(result.stderr.strip() or "the sandbox refused to run code")
     if self.adaptive is not None and judged.verdict is not Verdict.SETUP_ERROR:
       self.adaptive.record(key, result.elapsed_s, correct=judged.passed,
-                           timed_out=judged.verdict is Verdict.TIMEOUT, timeout_s=timeout)
+                           timed_out=judged.verdict is Verdict.TIMEOUT,
+                           timeout_s=result.timeout_s)
     return RewardResult(float(judged.passed), {
         "format_ok": format_ok, "status": judged.verdict.value,
         "cases_passed": judged.cases_passed, "cases_total": judged.cases_total,
-        "elapsed_s": result.elapsed_s, "timeout_s": timeout,
+        "elapsed_s": result.elapsed_s, "timeout_s": result.timeout_s,
         "isolation": result.isolation.value if result.isolation else "",
         "stderr_tail": result.stderr[-500:]})
 

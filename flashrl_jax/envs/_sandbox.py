@@ -45,7 +45,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -272,13 +272,18 @@ class Sandbox:
 
   async def run(self, code: str, *, entry: str | None = None,
                 calls: Sequence[tuple[Sequence[Any], dict[str, Any]]] = (),
-                timeout_s: float | None = None) -> SandboxResult:
+                timeout_s: float | Callable[[], float] | None = None) -> SandboxResult:
     """Runs `code`; with `entry`, then calls `entry(*args, **kwargs)` for each of `calls` (plain
-    JSON data) and returns what each call produced in `SandboxResult.results`."""
+    JSON data) and returns what each call produced in `SandboxResult.results`.
+
+    A callable `timeout_s` is asked when the run starts, after any wait for a free slot, so an
+    adaptive limit uses what the runs that finished meanwhile taught it.
+    """
     job = {"code": code, "entry": entry, "calls": [[list(a), dict(k)] for a, k in calls]}
     json.dumps(job)  # plain data only: fail here, in the caller, not in the sandbox
     async with self._semaphore():
-      result = await self._run(job, timeout_s or self.config.timeout_s)
+      limit = timeout_s() if callable(timeout_s) else timeout_s
+      result = await self._run(job, limit or self.config.timeout_s)
     if result.warning and not self._warned:
       self._warned = True
       log.warning("%s", result.warning)
