@@ -101,12 +101,12 @@ def _code_version() -> dict:
 
 def _write_run_info(config, workdir: str, load_before, cores: int) -> None:
   """What the simulator's calibration needs that metrics.jsonl lacks, and the machine's load."""
-  from flashrl_jax.controller import PromptSource
+  from flashrl_jax.controller import task_source
   from flashrl_jax.model import load_tokenizer
   prompts = [0.0]
-  if config.task.synthetic is not None:  # environment tasks have no fixed prompt set
+  if config.task.env is None:  # environment tasks have no fixed prompt set
     tokenizer = load_tokenizer(config.model_path)
-    source = PromptSource(synthetic=config.task.synthetic, seed=config.task.seed)
+    source = task_source(config)
     prompts = [len(tokenizer.encode(source.sample(i).prompt)) for i in range(64)]
   info = {"prompt_tokens_mean": float(np.mean(prompts)), "loadavg_before": load_before,
           "loadavg_after": os.getloadavg(), "cores": cores,

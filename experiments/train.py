@@ -22,11 +22,11 @@ from absl import logging as absl_logging
 
 from experiments._cli import FLAGS as RUN_FLAGS
 from experiments._cli import load_config_file
-from flashrl_jax.controller import (OverrideError, ProgressReporter, RunConfig, field_type,
+from flashrl_jax.controller import (Mode, OverrideError, ProgressReporter, RunConfig, field_type,
                                     override, parse_assignment, plot_run, read_metrics, run)
 
 _CONFIG = flags.DEFINE_string("config", "experiments/configs/demo.py",
-                              "Python file with get_config() -> RunConfig.")
+                              "Python file with get_config() -> RunConfig (default: the demo).")
 _SET = flags.DEFINE_multi_string("set", [], "Any config field: --set=rollout.top_p=0.9 "
                                  "(repeatable; dotted path of the RunConfig field).")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.")
@@ -77,38 +77,79 @@ def apply_flags(config: RunConfig) -> RunConfig:
 
 
 def ensure_model(config: RunConfig) -> None:
-  """Trains and caches a project warm-start model (demo or benchmark) when the config points at it."""
-  from experiments.configs.bench_rlvr import BENCH_MODEL_DIR, BENCH_WARMSTART_STEPS, bench_task
-  from experiments.configs.demo import DEMO_MODEL_DIR
-  from experiments.warmstart import ensure_warmstart
-  if os.path.normpath(config.model_path) == os.path.normpath(DEMO_MODEL_DIR):
-    ensure_warmstart(DEMO_MODEL_DIR)
-  elif os.path.normpath(config.model_path) == os.path.normpath(BENCH_MODEL_DIR):
-    ensure_warmstart(BENCH_MODEL_DIR, steps=BENCH_WARMSTART_STEPS, task=bench_task())
+  """Trains and caches a project warm-start model (demo or benchmark) when the config points at one;
+  each is warm-started on its own task's training stream."""
+  from experiments.configs import bench_rlvr, demo
+  from experiments.warmstart import ensure_demo_model, ensure_warmstart
+  path = os.path.normpath(config.model_path)
+  if path == os.path.normpath(demo.DEMO_MODEL_DIR):
+    ensure_demo_model()
+  elif path == os.path.normpath(bench_rlvr.BENCH_MODEL_DIR):
+    ensure_warmstart(bench_rlvr.BENCH_MODEL_DIR, bench_rlvr.bench_task(),
+                     steps=bench_rlvr.BENCH_WARMSTART_STEPS)
   elif not os.path.exists(os.path.join(config.model_path, "config.json")):
     raise app.UsageError(f"--model_path {config.model_path} is not an HF directory.")
+
+
+def describe(config: RunConfig) -> str:
+  """What the run will do, printed before anything slow starts."""
+  task = config.task
+  if task.reasoning_gym is not None:
+    rg = task.reasoning_gym
+    mix = ", ".join(f"{d.name} (weight {d.weight:g}, {dict(d.params) or 'default difficulty'})"
+                    for d in rg.datasets)
+    what = (f"reasoning-gym {mix}; reward: reasoning-gym's scorer on the "
+            f"{rg.answer_format.value} answer")
+  elif task.dataset is not None:
+    what = f"dataset file {task.dataset.path} ({task.dataset.layout.value}); reward: math-verify"
+  elif task.synthetic is not None:
+    what = f"synthetic {task.synthetic.task.value} task (long-tail lengths); reward: exact match"
+  else:
+    what = f"multi-turn {task.env.kind.value} environment"
+  alpha = f", α = {config.async_ratio}" if config.mode is Mode.ASYNC else ""
+  return (f"task: {what}\n"
+          f"run: {config.mode.value}{alpha}, {config.steps} steps x {config.batch_size} prompts x "
+          f"{config.group_size} responses, loss {config.train.loss.name.value}, "
+          f"{config.rollout.server_count} rollout servers, workdir {config.workdir}")
+
+
+def report(records: list[dict]) -> None:
+  """Before/after held-out accuracy (overall and per dataset) and the sampled training accuracy."""
+  first = next((r for r in records if "eval/initial_expected_accuracy" in r), None)
+  last = next((r for r in reversed(records) if "eval/expected_accuracy" in r), None)
+  if first and last:
+    print(f"held-out P(exact answer): {first['eval/initial_expected_accuracy']:.3f} -> "
+          f"{last['eval/expected_accuracy']:.3f}")
+    for key in sorted(k for k in last if k.startswith("eval/expected_accuracy/")):
+      name = key.rsplit("/", 1)[1]
+      before = first.get(f"eval/initial_expected_accuracy/{name}")
+      if before is not None:
+        print(f"  {name}: {before:.3f} -> {last[key]:.3f}")
+  window = max(1, min(10, len(records) // 4))
+  if records and "accuracy" in records[0]:
+    start = sum(r["accuracy"] for r in records[:window]) / window
+    end = sum(r["accuracy"] for r in records[-window:]) / window
+    print(f"accuracy of sampled responses ({window}-step average): {start:.3f} -> {end:.3f}")
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config = apply_flags(load_config_file(_CONFIG.value))
+  print(describe(config), flush=True)
   # SIGTERM unwinds like Ctrl-C, so `run` stops its server processes instead of orphaning them.
   signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
   if not FLAGS["verbosity"].present:  # a progress bar, warnings and errors; --verbosity=0 for INFO
     absl_logging.set_verbosity(absl_logging.WARNING)
   ensure_model(config)
+  print(f"starting {config.rollout.server_count} rollout servers and the trainer (the first step "
+        "includes JAX compilation)", flush=True)
   with ProgressReporter(config.steps, enabled=_PROGRESS.value) as progress:
     summary = run(config, on_step=progress.update)
   print(f"run finished: {summary.samples_trained} samples in {summary.wall_s:.1f}s "
         f"({summary.samples_per_s:.2f} samples/s), policy version {summary.final_policy_version}, "
         f"workdir {summary.workdir}")
-  records = read_metrics(summary.workdir)
-  first = [r["eval/initial_expected_accuracy"] for r in records
-           if "eval/initial_expected_accuracy" in r]
-  last = [r["eval/expected_accuracy"] for r in records if "eval/expected_accuracy" in r]
-  if first and last:
-    print(f"held-out P(exact answer): {first[0]:.3f} -> {last[-1]:.3f}")
+  report(read_metrics(summary.workdir))
   if config.plot:
     for path in plot_run(summary.workdir):
       print(f"plot: {path}")

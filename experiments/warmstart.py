@@ -1,10 +1,12 @@
-"""Warm-starts the demo policy with a short supervised run, and caches it as an HF directory.
+"""Warm-starts a tiny policy with a short supervised run on its task, and caches it as an HF directory.
 
 RL from a random tiny model would spend the whole CPU budget finding the answer format. A few
-hundred supervised steps on (prompt, correct answer) pairs of the synthetic task give a policy that
-is right some of the time, so the async RL run that follows has a reward signal to climb.
+hundred supervised steps on (prompt, correct response) pairs drawn from the task's own training
+stream (never its held-out sets) give a policy that is right some of the time, so the async RL run
+that follows has a reward signal to climb. The cache is keyed by the step count and a fingerprint of
+the training pairs, so a changed task retrains instead of reusing a model fitted to another one.
 
-  python -m experiments.warmstart --out=.cache/demo_model --steps=160
+  python -m experiments.warmstart --out=.cache/demo_model   # the demo's model (what demo.sh uses)
 """
 
 from __future__ import annotations
@@ -13,18 +15,19 @@ import dataclasses
 import hashlib
 import json
 import os
+import sys
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from absl import app, flags, logging
+from absl import app, flags
 from flax import nnx
+from tqdm import tqdm
 
 from flashrl_jax import envs
-from experiments.configs.demo import demo_task
 from flashrl_jax.model import Decoder, Family, ModelConfig, char_tokenizer, save_hf, token_logprobs
+
 
 def demo_model_config(vocab_size: int) -> ModelConfig:
   """The demo policy: a 2-layer Qwen3-layout decoder, small enough to train on 2 CPU cores."""
@@ -34,18 +37,21 @@ def demo_model_config(vocab_size: int) -> ModelConfig:
                      bos_token_id=1, eos_token_ids=(2,))
 
 
-def _encode_batch(tok, samples, length: int):
-  ids = np.zeros((len(samples), length), np.int32)
-  mask = np.zeros((len(samples), length), np.float32)
-  for i, s in enumerate(samples):
-    prompt, answer = tok.encode(s.prompt), tok.encode(s.answer) + [tok.eos_token_id]
+Task = envs.SyntheticConfig | envs.TaskSource
+
+
+def _encode_batch(tok, pairs: list[tuple[str, str]], length: int):
+  ids = np.zeros((len(pairs), length), np.int32)
+  mask = np.zeros((len(pairs), length), np.float32)
+  for i, (prompt_text, response) in enumerate(pairs):
+    prompt, answer = tok.encode(prompt_text), tok.encode(response) + [tok.eos_token_id]
     seq = (prompt + answer)[:length]
     ids[i, :len(seq)] = seq
     mask[i, len(prompt) - 1:len(seq) - 1] = 1.0  # predict answer tokens (and eos)
   return ids, mask
 
 
-def _sequence_length(task: envs.SyntheticConfig) -> int:
+def _synthetic_length(task: envs.SyntheticConfig) -> int:
   """Room for the longest prompt + answer + eos of `task`, rounded up to a multiple of 16."""
   longest = envs.generate_synthetic(
       dataclasses.replace(task, lengths=dataclasses.replace(
@@ -54,16 +60,34 @@ def _sequence_length(task: envs.SyntheticConfig) -> int:
   return max(80, -(-tokens // 16) * 16)
 
 
-def train_warmstart(out: str, steps: int, batch: int, lr: float, seed: int,
-                    task: envs.SyntheticConfig | None = None) -> str:
+def _pairs(task: Task, num: int, seed: int) -> tuple[list[tuple[str, str]], int]:
+  """`num` (prompt, correct response) pairs and the padded sequence length that fits them."""
+  if isinstance(task, envs.SyntheticConfig):  # seeded as it always was: cached models stay valid
+    data = envs.generate_synthetic(task, num=num, seed=seed + 1)
+    return [(s.prompt, s.answer) for s in data], _synthetic_length(task)
+  pairs = [(s.prompt, task.reference(s)) for s in (task.sample(i) for i in range(num))]
+  tokens = max(len(p) + len(r) for p, r in pairs) + 2  # char tokenizer: one token per character
+  return pairs, -(-tokens // 16) * 16
+
+
+def task_key(task: Task) -> str:
+  """A fingerprint of the pairs `task` trains on (so `median=8` and `median=8.0` agree)."""
+  if isinstance(task, envs.SyntheticConfig):
+    problems = envs.generate_synthetic(task, num=256, seed=0)
+    text = "\n".join(f"{p.prompt}|{p.answer}" for p in problems)
+  else:
+    text = "\n".join(f"{p}|{r}" for p, r in _pairs(task, 256, 0)[0])
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+def train_warmstart(out: str, steps: int, batch: int, lr: float, seed: int, task: Task,
+                    *, progress: bool = True) -> str:
   tok = char_tokenizer()
   config = demo_model_config(vocab_size=96)
   model = Decoder(config, rngs=nnx.Rngs(seed))
   schedule = optax.warmup_cosine_decay_schedule(0.0, lr, min(50, steps // 5), steps, lr * 0.1)
   optimizer = nnx.Optimizer(model, optax.adamw(schedule, weight_decay=0.01), wrt=nnx.Param)
-  task = task or demo_task()
-  data = envs.generate_synthetic(task, num=steps * batch, seed=seed + 1)
-  length = _sequence_length(task)
+  data, length = _pairs(task, steps * batch, seed)
 
   @nnx.jit
   def step(model, optimizer, ids, mask):
@@ -76,57 +100,56 @@ def train_warmstart(out: str, steps: int, batch: int, lr: float, seed: int,
     return loss
 
   start = time.time()
-  for i in range(steps):
-    ids, mask = _encode_batch(tok, data[i * batch:(i + 1) * batch], length)
-    loss = step(model, optimizer, jnp.asarray(ids), jnp.asarray(mask))
-    if i % 50 == 0 or i == steps - 1:
-      logging.info("warmstart step %d/%d loss %.4f (%.0fs)", i, steps, float(loss),
-                   time.time() - start)
+  with tqdm(total=steps, desc="warm start", unit="step", disable=not progress, file=sys.stderr,
+            dynamic_ncols=True) as bar:
+    for i in range(steps):
+      ids, mask = _encode_batch(tok, data[i * batch:(i + 1) * batch], length)
+      loss = step(model, optimizer, jnp.asarray(ids), jnp.asarray(mask))
+      if i % 10 == 0 or i == steps - 1:
+        bar.set_postfix(loss=f"{float(loss):.3f}", refresh=False)
+      bar.update(1)
   os.makedirs(out, exist_ok=True)
   save_hf(model, out)
   tok.save(out)
   with open(os.path.join(out, "warmstart.json"), "w") as f:
-    json.dump({"steps": steps, "batch": batch, "lr": lr, "seed": seed, "task": _task_key(task),
-               "final_loss": float(loss)}, f)
+    json.dump({"steps": steps, "batch": batch, "lr": lr, "seed": seed, "task": task_key(task),
+               "final_loss": float(loss), "seconds": time.time() - start}, f)
   return out
 
 
-def _task_key(task: envs.SyntheticConfig) -> str:
-  """A fingerprint of the problems `task` generates (so `median=8` and `median=8.0` agree)."""
-  problems = envs.generate_synthetic(task, num=256, seed=0)
-  return hashlib.sha256("\n".join(f"{p.prompt}|{p.answer}" for p in problems).encode()).hexdigest()
-
-
-def ensure_warmstart(out: str, steps: int = 160, batch: int = 32, lr: float = 3e-3, seed: int = 0,
-                     force: bool = False, task: envs.SyntheticConfig | None = None) -> str:
-  """Returns the cached warm-started model dir, training it first if needed.
-
-  The cache is keyed by the step count and (for a task other than the demo's) the task, so a
-  changed task retrains instead of silently reusing a model warm-started on another distribution.
-  """
+def ensure_warmstart(out: str, task: Task, steps: int = 160, batch: int = 32, lr: float = 3e-3,
+                     seed: int = 0, force: bool = False, progress: bool = True) -> str:
+  """Returns the cached warm-started model dir, training it first if needed (with a progress bar)."""
   marker = os.path.join(out, "warmstart.json")
+  key = task_key(task)
   if os.path.exists(marker) and not force:
     with open(marker) as f:
       recorded = json.load(f)
-    if recorded.get("steps") == steps and recorded.get("task", _task_key(demo_task())) == _task_key(
-        task or demo_task()):
+    if recorded.get("steps") == steps and recorded.get("task") == key:
+      print(f"warm start: cached model in {out}", flush=True)
       return out
-  return train_warmstart(out, steps, batch, lr, seed, task)
+  print(f"warm start: {steps} supervised steps x {batch} question/answer pairs of the task "
+        f"(cached in {out} afterwards)", flush=True)
+  return train_warmstart(out, steps, batch, lr, seed, task, progress=progress)
+
+
+def ensure_demo_model(out: str | None = None, progress: bool = True) -> str:
+  """The demo's warm-started model, trained on the demo task's own training stream."""
+  from experiments.configs import demo
+  from flashrl_jax.controller import task_source
+  config = demo.get_config()
+  task = config.task.synthetic or task_source(config)
+  return ensure_warmstart(out or demo.DEMO_MODEL_DIR, task,
+                          steps=getattr(demo, "DEMO_WARMSTART_STEPS", 160), progress=progress)
 
 
 def main(argv):
   del argv
   f = flags.FLAGS
-  path = ensure_warmstart(f.out, f.steps, f.batch, f.lr, f.seed, f.force)
-  print(f"warm-started model: {path}")
+  print(f"warm-started model: {ensure_demo_model(f.out)}")
 
 
 if __name__ == "__main__":
   # Flags are defined only when run as a script, so `experiments.train` can import this module.
-  _OUT = flags.DEFINE_string("out", ".cache/demo_model", "Where the HF directory is written.")
-  _STEPS = flags.DEFINE_integer("steps", 160, "Supervised steps.")
-  _BATCH = flags.DEFINE_integer("batch", 32, "Sequences per step.")
-  _LR = flags.DEFINE_float("lr", 3e-3, "Peak learning rate.")
-  _SEED = flags.DEFINE_integer("seed", 0, "Seed.")
-  _FORCE = flags.DEFINE_bool("force", False, "Retrain even when a cached model exists.")
+  flags.DEFINE_string("out", ".cache/demo_model", "Where the HF directory is written.")
   app.run(main)

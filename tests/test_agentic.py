@@ -161,7 +161,7 @@ def test_lockstep_baseline_waits_at_every_barrier(stubs):
   async def main():
     async with _fleet(stubs.urls) as fleet:
       runner = _runner(fleet, unreliable_factory, n=2, candidates=4)
-      source = PromptSource(samples=[envs.Sample("", "")])
+      source = PromptSource(envs.SampleListSource([envs.Sample("", "")]))
       start = time.monotonic()
       counters = Counters()
       groups, times = await collect_lockstep(runner, source, 2, 3, counters)
@@ -263,4 +263,4 @@ def test_redundancy_can_only_add(agentic, message):
     RunConfig(model_path="m", workdir="w", task=TaskConfig(env=GAME), batch_size=2, group_size=2,
               agentic=agentic)
   with pytest.raises(ValueError, match="exactly one"):
-    TaskConfig(env=GAME, dataset_path="x.jsonl")
+    TaskConfig(env=GAME, dataset=envs.DatasetFileConfig("x.jsonl"))

@@ -21,8 +21,8 @@ sys.path.insert(0, ROOT)
 @pytest.fixture(scope="module")
 def demo_model():
   from experiments.configs.demo import DEMO_MODEL_DIR
-  from experiments.warmstart import ensure_warmstart
-  return os.path.join(ROOT, ensure_warmstart(os.path.join(ROOT, DEMO_MODEL_DIR)))
+  from experiments.warmstart import ensure_demo_model
+  return ensure_demo_model(os.path.join(ROOT, DEMO_MODEL_DIR), progress=False)
 
 
 def _run(workdir, steps, *flags):

@@ -30,7 +30,7 @@ def test_staleness_bound_holds_for_random_schedules(alpha, batch, seed, steps):
   rng = random.Random(seed)
   bound = StalenessBound(alpha, batch)
   buffer = SampleBuffer(bound)
-  source = PromptSource(samples=[envs.Sample(f"p{i}", "a") for i in range(10)])
+  source = PromptSource(envs.SampleListSource([envs.Sample(f"p{i}", "a") for i in range(10)]))
   published = 0  # version the servers run
   trainer_version = 0
   takes = 0
@@ -116,12 +116,12 @@ def test_incomplete_group_is_refused():
 
 
 def test_prompt_source_resume_reissues_in_flight():
-  src = PromptSource(synthetic=envs.SyntheticConfig(), seed=3)
+  src = PromptSource(envs.SyntheticSource(envs.SyntheticConfig(), seed=3))
   first = [src.next()[0] for _ in range(5)]
   assert first == [0, 1, 2, 3, 4]
   src.give_back(1)
   state = src.state(in_flight=[3, 4])
-  again = PromptSource(synthetic=envs.SyntheticConfig(), seed=3)
+  again = PromptSource(envs.SyntheticSource(envs.SyntheticConfig(), seed=3))
   again.restore(state)
   assert [again.next()[0] for _ in range(4)] == [1, 3, 4, 5]
   assert again.sample(2) == src.sample(2)

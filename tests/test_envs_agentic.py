@@ -1,13 +1,17 @@
-"""Multi-turn grid games (FrozenLake, Sokoban) and the async wrapper's latency and failure injection."""
+"""Multi-turn text games (gymnasium's FrozenLake and Taxi, our Sokoban) and the async wrapper's latency
+and failure injection."""
 
 import asyncio
 import time
 
 import pytest
 
+import gymnasium
+import numpy as np
+
 from flashrl_jax.envs import (AsyncEnv, EnvConfig, EnvironmentFailure, EnvKind, EpisodeConfig,
                               FailureConfig, FrozenLakeConfig, FrozenLakeEnv, LatencyConfig,
-                              LatencyKind, Move, SokobanConfig, SokobanEnv, format_move,
+                              LatencyKind, Move, SokobanConfig, SokobanEnv, TaxiEnv, format_action,
                               make_async_env, make_env, parse_move)
 
 KINDS = list(EnvKind)
@@ -37,10 +41,11 @@ def test_optimal_solution_succeeds(kind, seed):
   env.reset(seed)
   plan = env.shortest_solution()
   assert plan, "every generated level must be solvable and not already solved"
-  for i, move in enumerate(plan):
-    result = env.step(format_move(move))
+  for i, action in enumerate(plan):
+    result = env.step(format_action(action))
     assert result.done == (i == len(plan) - 1)
-  assert result.reward == 1.0 and result.info["success"] and not result.info["truncated"]
+  assert result.reward == (20.0 if kind is EnvKind.TAXI else 1.0)  # Taxi keeps gymnasium's reward
+  assert result.info["success"] and not result.info["truncated"]
   with pytest.raises(RuntimeError):
     env.step("up")
 
@@ -78,13 +83,66 @@ def test_invalid_action_is_penalised_and_flagged():
   assert "Invalid action" in result.observation and result.observation.splitlines()[-4:] == board
 
 
+def _gym_frozen_lake(seed: int, size: int = 4, hole_prob: float = 0.2):
+  from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+  ref = gymnasium.make("FrozenLake-v1", desc=generate_random_map(size, 1 - hole_prob, seed=seed),
+                       is_slippery=False)
+  ref.reset(seed=seed)
+  return ref
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_frozen_lake_is_gymnasium_frozen_lake(seed):
+  """Same map, same transitions and rewards as gymnasium driven directly; the board shows its state."""
+  env, ref = FrozenLakeEnv(episode=EpisodeConfig(max_turns=100)), _gym_frozen_lake(seed)
+  board = env.reset(seed).splitlines()[-4:]
+  desc = ["".join(c.decode() for c in row) for row in ref.unwrapped.desc]
+  assert board == ["P" + desc[0][1:]] + desc[1:]
+  rng = np.random.default_rng(seed)
+  gym_ids = {"Left": 0, "Down": 1, "Right": 2, "Up": 3}
+  for _ in range(30):
+    name = ["Left", "Down", "Right", "Up"][int(rng.integers(4))]
+    state, reward, terminated, _, _ = ref.step(gym_ids[name])
+    result = env.step(name.lower())
+    assert (env.state, result.reward, result.done) == (int(state), reward, terminated)
+    row, col = divmod(int(state), 4)
+    assert result.observation.splitlines()[row][col] == "P"
+    if terminated:
+      assert result.info["fell"] == (desc[row][col] == "H")
+      assert result.info["success"] == (desc[row][col] == "G")
+      break
+
+
 def test_frozen_lake_hole_ends_episode_without_reward():
-  env = FrozenLakeEnv(FrozenLakeConfig(size=4, hole_prob=0.0))
-  env.reset(0)
-  env.player, env.goal = (0, 0), (3, 3)
-  env.holes[0, 1] = True
-  result = env.step("right")
-  assert result.done and result.reward == 0.0 and result.info["fell"] and not result.info["success"]
+  for seed in range(20):
+    env = FrozenLakeEnv(FrozenLakeConfig(size=4, hole_prob=0.3))
+    env.reset(seed)
+    desc = env.env.unwrapped.desc
+    if desc[0, 1] == b"H":
+      result = env.step("right")
+      assert result.done and result.reward == 0.0 and result.info["fell"]
+      assert not result.info["success"]
+      return
+  pytest.fail("no level with a hole right of the start in 20 seeds")
+
+
+def test_taxi_is_gymnasium_taxi():
+  env = TaxiEnv(episode=EpisodeConfig(max_turns=200))
+  ref = gymnasium.make("Taxi-v4")
+  env.reset(11)
+  state, _ = ref.reset(seed=11)
+  assert env.state == state
+  rng = np.random.default_rng(0)
+  names = ["Down", "Up", "Right", "Left", "Pickup", "Dropoff"]  # gymnasium's action order
+  for _ in range(60):
+    action = int(rng.integers(6))
+    state, reward, terminated, _, _ = ref.step(action)
+    result = env.step(f"<action>{names[action]}</action>")
+    assert (env.state, result.reward, result.done) == (int(state), reward, terminated)
+    row, col, passenger, destination = ref.unwrapped.decode(state)
+    assert result.observation.splitlines()[1 + row][2 * col + 1] == "T"
+    assert f"Destination: {'RGYB'[destination]}." in result.observation
+    assert ("in the taxi" in result.observation) == (passenger == 4)
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)

@@ -12,6 +12,7 @@ from flashrl_jax.envs import (AsyncEnvironment, AsyncRewardFn, EnvConfig, EnvKin
 
 def test_factories_build_the_right_things():
   assert isinstance(envs.make_env(EnvConfig(kind=EnvKind.SOKOBAN)), envs.SokobanEnv)
+  assert isinstance(envs.make_env(EnvConfig(kind="taxi")), envs.TaxiEnv)
   env = envs.make_env(EnvConfig(kind=EnvKind.FROZEN_LAKE))
   assert isinstance(env, envs.FrozenLakeEnv) and isinstance(env, Environment)
   assert isinstance(envs.make_async_env(EnvConfig()), AsyncEnvironment)
@@ -20,8 +21,12 @@ def test_factories_build_the_right_things():
   assert isinstance(code, envs.CodeReward) and code.adaptive is not None
   fixed = envs.make_reward_fn(RewardConfig(kind=RewardKind.CODE, adaptive_timeout=None))
   assert fixed.adaptive is None
+  rg = envs.ReasoningGymConfig(datasets=(envs.ReasoningGymDataset("chain_sum"),))
   for kind in RewardKind:
-    assert isinstance(envs.make_reward_fn(RewardConfig(kind=kind)), AsyncRewardFn)
+    config = RewardConfig(kind=kind, reasoning_gym=rg if kind is RewardKind.REASONING_GYM else None)
+    assert isinstance(envs.make_reward_fn(config), AsyncRewardFn)
+  with pytest.raises(ValueError, match="reasoning_gym reward"):
+    RewardConfig(kind=RewardKind.REASONING_GYM)
 
 
 def test_invalid_configs_are_rejected():
@@ -29,6 +34,8 @@ def test_invalid_configs_are_rejected():
     envs.AdaptiveTimeoutConfig(t_min=5, t_max=1)
   with pytest.raises(ValueError):
     envs.SokobanConfig(width=3)
+  with pytest.raises(ValueError, match="kind='cliff' is not one of"):
+    envs.EnvConfig(kind="cliff")
   with pytest.raises(ValueError):
     envs.FailureConfig(stop_prob=1.5)
   with pytest.raises(ValueError):

@@ -30,7 +30,7 @@ def test_dispatch_room_counts_what_may_dispatch_admits_one_by_one(alpha, batch, 
 
 
 def test_synthetic_tasks_draw_the_same_problems_as_before_the_move():
-  # Warm-start caches are keyed by these problems (experiments/warmstart.py `_task_key`): the law's
+  # Warm-start caches are keyed by these problems (experiments/warmstart.py `task_key`): the law's
   # move into `scheduling` must not change a single draw. Hashes recorded from the pre-move code.
   from experiments.configs.bench_rlvr import bench_task
   from experiments.configs.demo import demo_task

@@ -119,7 +119,7 @@ async def measure(urls: list[str], mode: Mode, workdir: str, weights: str, *,
     logger = MetricsLogger(workdir, tensorboard=False)
     start = time.perf_counter()
     await Loop(config, fleet=fleet, learner=learner,
-               source=PromptSource(samples=[envs.Sample("", "")]), runner=runner,
+               source=PromptSource(envs.SampleListSource([envs.Sample("", "")])), runner=runner,
                counters=counters, logger=logger).run()
     wall = time.perf_counter() - start
     logger.close()

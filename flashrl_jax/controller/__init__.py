@@ -24,7 +24,7 @@ from flashrl_jax.controller._placement import Placement, plan_placement
 from flashrl_jax.controller._progress import ProgressReporter
 from flashrl_jax.controller._run import RunSummary, run
 from flashrl_jax.controller._samples import Group, Response
-from flashrl_jax.controller._source import PromptSource
+from flashrl_jax.controller._source import PromptSource, task_source
 
 __all__ = [
     "AgenticConfig", "AgenticStats", "Counters", "DropCause", "EnvGroupRunner", "EpisodeCounts",
@@ -32,7 +32,8 @@ __all__ = [
     "EpisodeDeps", "FixedLevel", "Group", "GroupRunner", "Learner", "Loop", "MetricsLogger", "Mode",
     "Placement", "ProgressReporter", "PromptSource", "ResourceConfig", "Response",
     "RolloutBackend", "RolloutConfig", "RunConfig", "RunSummary", "TaskConfig", "collect_lockstep",
-    "plan_placement", "plot_run", "read_metrics", "run", "step_sample_metrics", "to_trajectories",
+    "plan_placement", "plot_run", "read_metrics", "run", "step_sample_metrics", "task_source",
+    "to_trajectories",
 ]
 
 

@@ -93,22 +93,38 @@ class ResourceConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
-  """Where prompts come from, and how responses are rewarded.
+  """Where prompts come from, and how responses are rewarded: exactly one of
 
-  `env` makes it a multi-turn environment task: prompt `i` is the level with seed `(seed, i)`, an
-  episode's reward comes from the environment, and `reward` is unused.
+  `synthetic` (long-tail generators, exact-match reward), `dataset` (a JSONL/Parquet file, math-verify
+  reward), `reasoning_gym` (reasoning-gym generators, their own scorers) or `env` (a multi-turn
+  environment: prompt `i` is the level with seed `(seed, i)`, an episode's reward comes from the
+  environment). `reward` defaults to the task's natural one; `seed` seeds the synthetic stream and the
+  environment levels (reasoning-gym and dataset files have their own).
   """
 
   synthetic: envs.SyntheticConfig | None = None
-  dataset_path: str | None = None
+  dataset: envs.DatasetFileConfig | None = None
+  reasoning_gym: envs.ReasoningGymConfig | None = None
   env: envs.EnvConfig | None = None
-  reward: envs.RewardKind = envs.RewardKind.EXACT_MATCH
+  reward: envs.RewardKind | None = None
   seed: int = 0
 
   def __post_init__(self):
-    object.__setattr__(self, "reward", parse_enum(envs.RewardKind, self.reward, "reward"))
-    if sum(x is not None for x in (self.synthetic, self.dataset_path, self.env)) != 1:
-      raise ValueError("TaskConfig needs exactly one of `synthetic`, `dataset_path` or `env`.")
+    kinds = (self.synthetic, self.dataset, self.reasoning_gym, self.env)
+    if sum(x is not None for x in kinds) != 1:
+      raise ValueError("TaskConfig needs exactly one of `synthetic`, `dataset`, `reasoning_gym` "
+                       "or `env`.")
+    natural = (envs.RewardKind.MATH if self.dataset is not None else
+               envs.RewardKind.REASONING_GYM if self.reasoning_gym is not None else
+               envs.RewardKind.EXACT_MATCH)  # synthetic; unused by env tasks
+    reward = natural if self.reward is None else parse_enum(envs.RewardKind, self.reward, "reward")
+    if (reward is envs.RewardKind.REASONING_GYM) != (self.reasoning_gym is not None):
+      raise ValueError("a reasoning_gym task is scored by reasoning-gym (reward='reasoning_gym'), "
+                       "and that reward needs a reasoning_gym task.")
+    object.__setattr__(self, "reward", reward)
+
+  def reward_config(self) -> envs.RewardConfig:
+    return envs.RewardConfig(kind=self.reward, reasoning_gym=self.reasoning_gym)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,10 +3,13 @@
 Sampled reward at temperature 1 is a noisy estimate of `P(correct answer | prompt)`; for tasks with a
 single correct answer string that probability can be computed exactly with one forward pass (the sum
 of the answer tokens' log-probs, end-of-sequence included). The demo and the tests use it to show
-that training moved the policy, independent of sampling noise.
+that training moved the policy, independent of sampling noise. The correct response is the task's
+canonical one (`TaskSource.reference`): the bare answer, or the answer in its requested format.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import jax.numpy as jnp
 import numpy as np
@@ -16,13 +19,14 @@ from flashrl_jax.model import Decoder, Tokenizer, token_logprobs
 
 
 def answer_logprobs(model: Decoder, tokenizer: Tokenizer, samples: list[envs.Sample],
-                    temperature: float = 1.0) -> np.ndarray:
-  """`[N]` log P(answer + eos | prompt) under `softmax(logits / temperature)`."""
+                    temperature: float = 1.0, references: list[str] | None = None) -> np.ndarray:
+  """`[N]` log P(reference + eos | prompt) under `softmax(logits / temperature)`; the reference
+  response defaults to `sample.answer`."""
   rows = []
-  for s in samples:
+  for i, s in enumerate(samples):
     prompt = tokenizer.encode(s.prompt)
-    answer = tokenizer.encode(s.answer) + [tokenizer.eos_token_id]
-    rows.append((prompt, answer))
+    answer = tokenizer.encode(s.answer if references is None else references[i])
+    rows.append((prompt, answer + [tokenizer.eos_token_id]))
   width = max(len(p) + len(a) for p, a in rows)
   ids = np.zeros((len(rows), width), np.int32)
   targets = np.zeros_like(ids)
@@ -39,6 +43,18 @@ def answer_logprobs(model: Decoder, tokenizer: Tokenizer, samples: list[envs.Sam
 
 
 def expected_accuracy(model: Decoder, tokenizer: Tokenizer, samples: list[envs.Sample],
-                      temperature: float = 1.0) -> float:
+                      temperature: float = 1.0, references: list[str] | None = None) -> float:
   """Mean over `samples` of the probability that one sampled response is exactly the answer."""
-  return float(np.mean(np.exp(answer_logprobs(model, tokenizer, samples, temperature))))
+  return float(np.mean(np.exp(answer_logprobs(model, tokenizer, samples, temperature, references))))
+
+
+def held_out_accuracy(model: Decoder, tokenizer: Tokenizer, sets: dict[str, list[envs.Sample]],
+                      reference: Callable[[envs.Sample], str],
+                      temperature: float = 1.0) -> dict[str, float]:
+  """`eval/expected_accuracy` over every held-out sample, and `eval/expected_accuracy/<set>` each."""
+  probs = {name: np.exp(answer_logprobs(model, tokenizer, samples, temperature,
+                                        [reference(s) for s in samples]))
+           for name, samples in sets.items()}
+  out = {"eval/expected_accuracy": float(np.mean(np.concatenate(list(probs.values()))))}
+  out.update({f"eval/expected_accuracy/{name}": float(p.mean()) for name, p in probs.items()})
+  return out

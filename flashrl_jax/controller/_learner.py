@@ -23,11 +23,12 @@ log = logging.getLogger(__name__)
 class Learner:
   """The trainer, its checkpoints and its exported versions.
 
-  `evaluator(model) -> float`: the held-out metric of a policy (None: no evaluation).
+  `evaluator(model) -> {name: value}`: the held-out metrics of a policy (None: no evaluation).
   """
 
   def __init__(self, trainer: Trainer, store: VersionStore, checkpointer: Checkpointer, *,
-               keep_versions: int, evaluator: Callable[[Decoder], float] | None = None):
+               keep_versions: int,
+               evaluator: Callable[[Decoder], dict[str, float]] | None = None):
     self.trainer, self.store, self.checkpointer = trainer, store, checkpointer
     self.keep_versions, self.evaluator = keep_versions, evaluator
 
@@ -51,7 +52,7 @@ class Learner:
     """Deletes exported versions beyond the newest `keep_versions` that nothing holds."""
     self.store.gc(keep_last=self.keep_versions)
 
-  def evaluate(self) -> float | None:
+  def evaluate(self) -> dict[str, float] | None:
     return None if self.evaluator is None else self.evaluator(self.trainer.model())
 
   def save(self, step: int, extra: dict[str, Any]) -> None:

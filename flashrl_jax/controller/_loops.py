@@ -55,13 +55,13 @@ class Loop:
 
   `runner` plays one prompt group on the fleet (`GroupRunner`, or `EnvGroupRunner` for environment
   tasks); `counters` are the run's cumulative counters (restored ones on a resume); every step's
-  record goes to `logger` and then to `on_step`. `initial_eval`: the held-out metric before the
-  first update, logged with step 1.
+  record goes to `logger` and then to `on_step`. `initial_eval`: the held-out metrics before the
+  first update (`eval/expected_accuracy[/<set>]`), logged with step 1 as `eval/initial_...`.
   """
 
   def __init__(self, config: RunConfig, *, fleet: Fleet, learner: Learner, source: PromptSource,
                runner: GroupRunner | EnvGroupRunner, counters: Counters, logger: MetricsLogger,
-               start_step: int = 0, initial_eval: float | None = None,
+               start_step: int = 0, initial_eval: dict[str, float] | None = None,
                on_step: Callable[[dict[str, Any]], None] | None = None):
     self.config, self.fleet, self.learner, self.source = config, fleet, learner, source
     self.runner, self.counters, self.logger = runner, counters, logger
@@ -129,11 +129,9 @@ class Loop:
     }
     record.update(await self._checkpoint_if_due(step + 1))
     if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
-      accuracy = await asyncio.to_thread(self.learner.evaluate)
-      if accuracy is not None:
-        record["eval/expected_accuracy"] = accuracy
-    if step == 0 and self.initial_eval is not None:
-      record["eval/initial_expected_accuracy"] = self.initial_eval
+      record.update(await asyncio.to_thread(self.learner.evaluate) or {})
+    if step == 0 and self.initial_eval:
+      record.update({k.replace("eval/", "eval/initial_", 1): v for k, v in self.initial_eval.items()})
     self.logger.log(record)
     self.on_step(record)
 

@@ -25,18 +25,20 @@ def step_sample_metrics(groups: list[Group], trainer_version: int) -> dict[str, 
   hist = collections.Counter(staleness)
   lengths = [len(r.output_ids) for r in responses]
   rewards = [r.reward for r in responses]
+  per_task = _per_task(groups)
   return {
       "staleness_max": max(staleness) if staleness else 0,
       "staleness_mean": float(np.mean(staleness)) if staleness else 0.0,
       "staleness_hist": {str(k): hist[k] for k in sorted(hist)},
       "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
-      "accuracy": float(np.mean([r > 0 for r in rewards])) if rewards else 0.0,
+      "accuracy": float(np.mean([_correct(r) for r in responses])) if rewards else 0.0,
       "response_length_mean": float(np.mean(lengths)) if lengths else 0.0,
       "response_length_max": max(lengths) if lengths else 0,
       "num_samples": len(responses),
       "num_groups": len(groups),
       "aborted_continuations": sum(len(set(r.token_versions)) > 1 for r in responses),
       **_reward_diagnostics([r.reward_info for r in responses]),
+      **per_task,
   }
 
 
@@ -52,6 +54,24 @@ def _reward_diagnostics(infos: list[dict[str, Any]]) -> dict[str, Any]:
   if timeouts:
     out["reward_timeout_s_min"] = min(timeouts)
     out["reward_timeout_s_mean"] = float(np.mean(timeouts))
+  return out
+
+
+def _correct(response) -> bool:
+  """The reward's own verdict when it gives one (partial credit is not correct), else reward > 0."""
+  return bool(response.reward_info.get("correct", response.reward > 0))
+
+
+def _per_task(groups: list[Group]) -> dict[str, float]:
+  """`reward_mean/<task>` and `accuracy/<task>` for samples that name their dataset."""
+  by_task: dict[str, list] = collections.defaultdict(list)
+  for g in groups:
+    if g.sample.task:
+      by_task[g.sample.task].extend(g.responses)
+  out = {}
+  for task, responses in sorted(by_task.items()):
+    out[f"reward_mean/{task}"] = float(np.mean([r.reward for r in responses]))
+    out[f"accuracy/{task}"] = float(np.mean([_correct(r) for r in responses]))
   return out
 
 

@@ -1,4 +1,4 @@
-"""A tqdm progress bar fed by per-step metric records."""
+"""A tqdm progress bar fed by per-step metric records (held-out evaluations printed above it)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,14 @@ class ProgressReporter:
 
   def update(self, record: dict) -> None:
     self._bar.n = int(record["step"])
+    if "eval/initial_expected_accuracy" in record:
+      self._bar.write(f"held-out P(exact answer) before RL: "
+                      f"{record['eval/initial_expected_accuracy']:.3f}")
+    if "eval/expected_accuracy" in record:
+      self._bar.write(f"step {record['step']}: held-out P(exact answer) "
+                      f"{record['eval/expected_accuracy']:.3f}")
     self._bar.set_postfix(reward=f"{record.get('reward_mean', 0):.3f}",
+                          acc=f"{record.get('accuracy', 0):.2f}",
                           stale=record.get("staleness_max", 0),
                           sps=f"{record.get('samples_per_s', 0):.1f}", refresh=False)
     self._bar.refresh()

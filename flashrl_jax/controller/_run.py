@@ -25,13 +25,13 @@ from flashrl_jax import envs
 from flashrl_jax.controller._agentic import make_env_runner
 from flashrl_jax.controller._config import RolloutBackend, RunConfig
 from flashrl_jax.controller._counters import Counters
-from flashrl_jax.controller._eval import expected_accuracy
+from flashrl_jax.controller._eval import held_out_accuracy
 from flashrl_jax.controller._group_runner import GroupRunner
 from flashrl_jax.controller._learner import Learner
 from flashrl_jax.controller._loops import Loop
 from flashrl_jax.controller._metrics import MetricsLogger, read_metrics
 from flashrl_jax.controller._placement import Placement, applied, plan_placement
-from flashrl_jax.controller._source import PromptSource
+from flashrl_jax.controller._source import PromptSource, task_source
 from flashrl_jax.fleet import (Fleet, LocalServers, RolloutClient, SamplingParams, reap_orphans,
                                record_pids)
 from flashrl_jax.model import load_tokenizer, read_config
@@ -50,18 +50,6 @@ def config_to_json(config: Any) -> Any:
   if isinstance(config, (list, tuple)):
     return [config_to_json(v) for v in config]
   return config
-
-
-def _prompt_source(config: RunConfig) -> PromptSource:
-  task = config.task
-  if task.env is not None:  # the prompt index is the level seed: the source only numbers episodes
-    return PromptSource(samples=[envs.Sample(prompt="", answer="", id="env")], seed=task.seed)
-  if task.synthetic is not None:
-    return PromptSource(synthetic=task.synthetic, seed=task.seed)
-  loaded = envs.load_dataset(task.dataset_path)
-  for error in loaded.errors:
-    log.error("dataset %s row %d skipped: %s", task.dataset_path, error.row, error.message)
-  return PromptSource(samples=list(loaded.samples), seed=task.seed)
 
 
 def _truncate_metrics(path: str, last_step: int) -> None:
@@ -132,15 +120,17 @@ def run(config: RunConfig, *, on_step: Callable[[dict], None] | None = None) -> 
     return _run(config, workdir, urls, servers, placement, on_step)
 
 
-def _learner(config: RunConfig, workdir: str, model_config, tokenizer) -> Learner:
+def _learner(config: RunConfig, workdir: str, model_config, tokenizer,
+             task: envs.TaskSource) -> Learner:
   mesh = make_mesh(MeshConfig.parse(config.mesh))
   trainer = Trainer(model_config, config.train, mesh, seed=config.seed,
                     init_params=config.model_path)
   evaluator = None
-  if config.task.synthetic is not None and config.task.reward is envs.RewardKind.EXACT_MATCH:
-    eval_set = envs.generate_synthetic(config.task.synthetic, config.eval_samples,
-                                       seed=config.task.seed + 1_000_003)
-    evaluator = lambda model: expected_accuracy(model, tokenizer, eval_set,
+  # Exact evaluation needs one correct response per prompt: exact-match and reasoning-gym tasks.
+  eval_sets = task.eval_sets() if config.task.reward in (
+      envs.RewardKind.EXACT_MATCH, envs.RewardKind.REASONING_GYM) else {}
+  if eval_sets and config.eval_samples:
+    evaluator = lambda model: held_out_accuracy(model, tokenizer, eval_sets, task.reference,
                                                 config.rollout.temperature)
   checkpointer = Checkpointer(CheckpointConfig(directory=os.path.join(workdir, "checkpoints"),
                                                max_to_keep=config.keep_checkpoints))
@@ -152,8 +142,8 @@ def _run(config: RunConfig, workdir: str, urls: list[str], servers: LocalServers
          placement: Placement, on_step) -> RunSummary:
   tokenizer = load_tokenizer(config.model_path)
   model_config = read_config(config.model_path)
-  learner = _learner(config, workdir, model_config, tokenizer)
-  source = _prompt_source(config)
+  source = PromptSource(task_source(config))
+  learner = _learner(config, workdir, model_config, tokenizer, source.task)
   counters, start_step = Counters(), 0
   extra = learner.restore()
   if extra is not None:
@@ -169,7 +159,7 @@ def _run(config: RunConfig, workdir: str, urls: list[str], servers: LocalServers
   r = config.rollout
   sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature,
                             top_p=r.top_p, stop_token_ids=tuple(sorted(set(eos))))
-  reward_fn = envs.make_reward_fn(envs.RewardConfig(kind=config.task.reward))
+  reward_fn = envs.make_reward_fn(config.task.reward_config())
   initial_eval = learner.evaluate() if start_step == 0 else None
 
   async def main() -> None:

@@ -1,7 +1,8 @@
 """A deterministic, checkpointable stream of prompts.
 
-Prompt `i` is always the same sample (synthetic tasks are generated in seeded chunks; datasets are
-cycled in order), so a run's data position is one integer plus the prompts handed back for re-issue
+Prompt `i` is always the same sample (`envs.TaskSource.sample(i)` is a pure function of `i`: synthetic
+and reasoning-gym tasks are generated in seeded chunks, dataset files are cycled in order), so a run's
+data position is one integer plus the prompts handed back for re-issue
 (dropped as stale, or in flight when the trainer stopped). That is what makes resume exact: nothing is
 trained twice, nothing is silently skipped.
 """
@@ -9,33 +10,39 @@ trained twice, nothing is silently skipped.
 from __future__ import annotations
 
 import collections
-import functools
+import logging
 
 from flashrl_jax import envs
+from flashrl_jax.controller._config import RunConfig
 
-_CHUNK = 1024
+log = logging.getLogger(__name__)
+
+
+def task_source(config: RunConfig) -> envs.TaskSource:
+  """The run's task as a numbered stream of samples (and its held-out sets)."""
+  task = config.task
+  if task.env is not None:  # the prompt index is the level seed: the source only numbers episodes
+    return envs.SampleListSource([envs.Sample(prompt="", answer="", id="env")])
+  if task.synthetic is not None:
+    return envs.SyntheticSource(task.synthetic, seed=task.seed, eval_size=config.eval_samples)
+  if task.reasoning_gym is not None:
+    return envs.ReasoningGymSource(task.reasoning_gym, eval_size=config.eval_samples)
+  loaded = envs.load_dataset(task.dataset)
+  for error in loaded.errors:
+    log.error("dataset %s: %s (row skipped)", task.dataset.path, error)
+  return envs.SampleListSource(loaded.samples, name=task.dataset.task_name)
 
 
 class PromptSource:
+  """The run's position in `task`'s stream: the next fresh index and the prompts to re-issue."""
 
-  def __init__(self, *, synthetic: envs.SyntheticConfig | None = None,
-               samples: list[envs.Sample] | None = None, seed: int = 0):
-    if (synthetic is None) == (samples is None):
-      raise ValueError("PromptSource needs exactly one of `synthetic` or `samples`.")
-    if samples is not None and not samples:
-      raise ValueError("PromptSource got an empty dataset.")
-    self._synthetic, self._samples, self._seed = synthetic, samples, seed
+  def __init__(self, task: envs.TaskSource):
+    self.task = task
     self.next_index = 0
     self._reissue: collections.deque[int] = collections.deque()
 
-  @functools.lru_cache(maxsize=4)
-  def _chunk(self, chunk: int) -> list[envs.Sample]:
-    return envs.generate_synthetic(self._synthetic, _CHUNK, seed=self._seed * 100_003 + chunk)
-
   def sample(self, index: int) -> envs.Sample:
-    if self._samples is not None:
-      return self._samples[index % len(self._samples)]
-    return self._chunk(index // _CHUNK)[index % _CHUNK]
+    return self.task.sample(index)
 
   def next(self) -> tuple[int, envs.Sample]:
     """The next prompt: re-issued ones first, then fresh ones in order."""

@@ -10,21 +10,24 @@ import concurrent.futures
 import dataclasses
 import enum
 
+from flashrl_jax._enums import parse_enum
 from flashrl_jax.envs._adaptive_timeout import AdaptiveTimeout, AdaptiveTimeoutConfig
 from flashrl_jax.envs._code_reward import CodeReward
-from flashrl_jax.envs._frozen_lake import FrozenLakeConfig, FrozenLakeEnv
-from flashrl_jax.envs._grid import EpisodeConfig
+from flashrl_jax.envs._episode import EpisodeConfig
+from flashrl_jax.envs._gym import FrozenLakeConfig, FrozenLakeEnv, TaxiConfig, TaxiEnv
 from flashrl_jax.envs._latency import AsyncEnv, FailureConfig, LatencyConfig
 from flashrl_jax.envs._math_reward import ExactMatchReward, MathReward, VerifierBackend
 from flashrl_jax.envs._pool import PooledReward
+from flashrl_jax.envs._reasoning_gym import ReasoningGymConfig, ReasoningGymReward
 from flashrl_jax.envs._sandbox import Sandbox, SandboxConfig
 from flashrl_jax.envs._sokoban import SokobanConfig, SokobanEnv
 from flashrl_jax.envs._types import AsyncRewardFn, Environment
 
 
 class EnvKind(enum.Enum):
-  FROZEN_LAKE = "frozen_lake"
-  SOKOBAN = "sokoban"
+  FROZEN_LAKE = "frozen_lake"  # gymnasium's FrozenLake-v1
+  TAXI = "taxi"                # gymnasium's Taxi-v4
+  SOKOBAN = "sokoban"          # ours (gymnasium has none)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,15 +37,21 @@ class EnvConfig:
   kind: EnvKind = EnvKind.FROZEN_LAKE
   episode: EpisodeConfig = EpisodeConfig()
   frozen_lake: FrozenLakeConfig = FrozenLakeConfig()
+  taxi: TaxiConfig = TaxiConfig()
   sokoban: SokobanConfig = SokobanConfig()
   latency: LatencyConfig = LatencyConfig()
   failure: FailureConfig = FailureConfig()
+
+  def __post_init__(self):
+    object.__setattr__(self, "kind", parse_enum(EnvKind, self.kind, "kind"))
 
 
 def make_env(config: EnvConfig) -> Environment:
   """The bare synchronous game (no latency, no failures)."""
   if config.kind is EnvKind.FROZEN_LAKE:
     return FrozenLakeEnv(config.frozen_lake, config.episode)
+  if config.kind is EnvKind.TAXI:
+    return TaxiEnv(config.taxi, config.episode)
   if config.kind is EnvKind.SOKOBAN:
     return SokobanEnv(config.sokoban, config.episode)
   raise ValueError(f"unknown env kind {config.kind}")
@@ -57,6 +66,7 @@ class RewardKind(enum.Enum):
   MATH = "math"              # boxed / "answer is" / last number vs `answer`, 0/1
   EXACT_MATCH = "exact"      # whitespace-normalised string equality (synthetic tasks)
   CODE = "code"              # the response's function run in the sandbox, judged on `tests`, 0/1
+  REASONING_GYM = "reasoning_gym"  # the generator's own scorer (needs `reasoning_gym`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +75,12 @@ class RewardConfig:
   verifier: VerifierBackend = VerifierBackend.AUTO
   sandbox: SandboxConfig = SandboxConfig()
   adaptive_timeout: AdaptiveTimeoutConfig | None = AdaptiveTimeoutConfig()  # None: fixed limit
+  reasoning_gym: ReasoningGymConfig | None = None  # REASONING_GYM: the task's generators
+
+  def __post_init__(self):
+    object.__setattr__(self, "kind", parse_enum(RewardKind, self.kind, "kind"))
+    if (self.kind is RewardKind.REASONING_GYM) != (self.reasoning_gym is not None):
+      raise ValueError("the reasoning_gym reward goes with (and only with) a ReasoningGymConfig.")
 
 
 def make_reward_fn(config: RewardConfig,
@@ -77,6 +93,8 @@ def make_reward_fn(config: RewardConfig,
     return PooledReward(MathReward(config.verifier), executor)
   if config.kind is RewardKind.EXACT_MATCH:
     return PooledReward(ExactMatchReward(), executor)
+  if config.kind is RewardKind.REASONING_GYM:
+    return PooledReward(ReasoningGymReward(config.reasoning_gym), executor)
   if config.kind is RewardKind.CODE:
     adaptive = AdaptiveTimeout(config.adaptive_timeout) if config.adaptive_timeout else None
     sandbox = Sandbox(config.sandbox)

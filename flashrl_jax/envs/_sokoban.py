@@ -8,6 +8,9 @@ keep levels small (it is exponential in the number of boxes).
 
 Board legend (XSB): `#` wall, `_` floor, `.` target, `$` box, `*` box on target, `@` player,
 `+` player on target. `_` rather than a space keeps rows intact when a tokenizer strips spaces.
+
+gymnasium has no Sokoban (its toy-text games are FrozenLake, Taxi, CliffWalking and Blackjack), and
+ROLL's agentic examples train on it, so the project keeps its own.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from flashrl_jax.envs._actions import Move
-from flashrl_jax.envs._grid import EpisodeConfig, GridEnv
+from flashrl_jax.envs._actions import MOVE_WORDS, Move
+from flashrl_jax.envs._episode import EpisodeConfig, Outcome, TextGame
 
 Cell = tuple[int, int]
 
@@ -42,7 +45,10 @@ def _add(cell: Cell, move: Move, k: int = 1) -> Cell:
   return cell[0] + k * move.delta[0], cell[1] + k * move.delta[1]
 
 
-class SokobanEnv(GridEnv):
+class SokobanEnv(TextGame):
+  ACTIONS = MOVE_WORDS
+  ACTION_NAMES = ("Up", "Down", "Left", "Right")
+
   def __init__(self, config: SokobanConfig = SokobanConfig(),
                episode: EpisodeConfig = EpisodeConfig(max_turns=30)):
     super().__init__(episode)
@@ -65,7 +71,8 @@ class SokobanEnv(GridEnv):
       stack.extend(n for n in (_add(cell, m) for m in Move) if n in floor)
     return seen == floor
 
-  def _generate(self, rng: np.random.Generator) -> None:
+  def _generate(self, seed: int) -> None:
+    rng = np.random.default_rng(seed)
     c = self.config
     for _ in range(1000):
       walls = np.ones((c.height, c.width), bool)
@@ -97,23 +104,25 @@ class SokobanEnv(GridEnv):
 
   # Play -----------------------------------------------------------------------------------------
 
-  def _move(self, move: Move) -> tuple[bool, bool, dict[str, Any]]:
+  def _apply(self, move: Move) -> Outcome:
     dest = _add(self.player, move)
     pushed = False
     if self.walls[dest]:
-      return False, False, {"moved": False, "pushed": False}
+      return Outcome(0.0, False, False, {"moved": False, "pushed": False})
     if dest in self.boxes:
       beyond = _add(dest, move)
       if self.walls[beyond] or beyond in self.boxes:
-        return False, False, {"moved": False, "pushed": False}
+        return Outcome(0.0, False, False, {"moved": False, "pushed": False})
       self.boxes = (self.boxes - {dest}) | {beyond}
       pushed = True
     self.player = dest
-    return self.boxes == self.targets, False, {
-        "moved": True, "pushed": pushed, "boxes_on_target": len(self.boxes & self.targets)}
+    solved = self.boxes == self.targets
+    return Outcome(self.episode.success_reward if solved else 0.0, solved, solved, {
+        "moved": True, "pushed": pushed, "boxes_on_target": len(self.boxes & self.targets)})
 
-  def shortest_solution(self, max_states: int = 200_000) -> list[Move] | None:
-    """BFS over (player, boxes); None if unsolvable within `max_states` states."""
+  def shortest_solution(self, max_states: int = 200_000) -> list[str] | None:
+    """Action names of a shortest solution (BFS over (player, boxes)); None if none is found
+    within `max_states` states."""
     start = (self.player, self.boxes)
     parents: dict[tuple[Cell, frozenset[Cell]], Any] = {start: None}
     frontier = [start]
@@ -125,7 +134,7 @@ class SokobanEnv(GridEnv):
           path = []
           while parents[state] is not None:
             state, move = parents[state]
-            path.append(move)
+            path.append(move.name.capitalize())
           return path[::-1]
         for move in Move:
           dest = _add(player, move)
@@ -163,5 +172,4 @@ class SokobanEnv(GridEnv):
 
   def _rules(self) -> str:
     return ("Sokoban: push every box $ onto a target . (a box on a target is *). You are @ (+ on a "
-            "target); # is a wall, _ is floor. You can push one box at a time and cannot pull. "
-            "Answer with <action>Up</action>, Down, Left or Right.")
+            "target); # is a wall, _ is floor. You can push one box at a time and cannot pull.")

@@ -9,7 +9,7 @@ possibly CPU-heavy) or `AsyncRewardFn` (what the controller awaits); multi-turn 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,7 +18,9 @@ class Sample:
 
   `answer` is the reference answer (math, exact match) or a reference solution (code); `tests` is
   Python test code (asserts) run after a code response; `reference_time` (seconds) seeds the adaptive
-  code timeout before any correct run of this prompt has been seen.
+  code timeout before any correct run of this prompt has been seen. `task` names the dataset the
+  sample came from (per-dataset metrics and scorers); `metadata` is what its scorer may need beyond
+  the answer (reasoning-gym's entry metadata, a dataset file's extra fields). Both stay JSON-able.
   """
 
   prompt: str
@@ -26,6 +28,8 @@ class Sample:
   tests: str | None = None
   reference_time: float | None = None
   id: str = ""
+  task: str = ""
+  metadata: Mapping[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
