@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flashrl_jax import sim
-from flashrl_jax.scheduling import LengthDistribution, PauseMode
+from flashrl_jax.scheduling import EmpiricalLengths, LengthDistribution, PauseMode
 
 
 class CycleLengths:
@@ -160,3 +160,54 @@ def test_fit_linear_decode_and_roofline():
   # Memory bound: a bigger batch costs more per step but much less per token.
   assert roof.step_time(64) > roof.step_time(1)
   assert roof.step_time(64) / 64 < roof.step_time(1) / 4
+
+
+def test_tabulated_costs_interpolate_and_extrapolate():
+  decode = sim.TabulatedDecode((1, 4, 8), (0.002, 0.003, 0.005))
+  assert decode.step_time(1) == decode.step_time(0) == pytest.approx(0.002)
+  assert decode.step_time(2) == pytest.approx(0.002 + 0.001 / 3)
+  assert decode.step_time(16) == pytest.approx(0.005 + 8 * 0.0005)  # the last slope continues
+  train = sim.TabulatedTrain((1000, 3000), (0.4, 0.8))
+  assert train.time(2000, devices=7) == pytest.approx(0.6)
+  with pytest.raises(ValueError):
+    sim.TabulatedDecode((4, 2), (0.1, 0.2))
+
+
+def test_request_cost_blocks_the_worker_once_per_request():
+  # One single-slot worker, two prompts of one 10-token response each, 0.01 s per token: each
+  # request first blocks the worker for request_s, then decodes.
+  config = sim.SimConfig(
+      gpus=1, slots=1, batch_prompts=2, group_size=1, steps=1, warmup_steps=0,
+      lengths=CycleLengths((10,)), prompt_tokens=0,
+      cost=sim.CostModel(decode=sim.LinearDecode(0.01), request_s=0.05))
+  result = sim.simulate(config)
+  assert result.records[0].gen_s == pytest.approx(2 * (0.05 + 10 * 0.01))
+
+
+def test_empirical_lengths_keep_the_measured_rows():
+  groups = ((5, 5, 6), (100, 120, 200), (7, 8, 9))
+  lengths = EmpiricalLengths(groups)
+  rng = np.random.default_rng(0)
+  z = lengths.prompt_factors(rng, 300)
+  drawn = lengths.sample_groups(rng, z, 4)
+  assert drawn.shape == (300, 4)
+  rows = {frozenset(map(int, row)) for row in drawn}
+  assert all(any(r <= set(g) for g in groups) for r in rows)  # every group comes from one row
+  again = lengths.sample_groups(np.random.default_rng(9), z[:1], 4)  # a re-issued prompt
+  assert set(map(int, again[0])) <= next(set(g) for g in groups if set(map(int, drawn[0])) <= set(g))
+  assert lengths.max_len == 200 and lengths.mean() == pytest.approx(np.mean(sum(groups, ())))
+
+
+def test_a_trainer_sharing_the_rollouts_process_slows_and_is_slowed():
+  # Async on one rollout worker: training overlaps generation, so with interference the train
+  # steps take longer (by at most the factor) and the run is slower; sync never overlaps them.
+  base = tiny(training=sim.AsyncTraining(alpha=2, train_gpus=1), steps=6)
+  shared = base.replace(cost=dataclasses.replace(base.cost, train_beside_rollout=2.0,
+                                                 rollout_beside_train=1.5))
+  plain, slowed = sim.simulate(base, seed=0), sim.simulate(shared, seed=0)
+  assert plain.train_time_s < slowed.train_time_s <= 2.0 * plain.train_time_s + 1e-9
+  assert slowed.samples_per_s < plain.samples_per_s
+  sync = tiny(steps=3)
+  sync_shared = sync.replace(cost=dataclasses.replace(sync.cost, train_beside_rollout=2.0,
+                                                      rollout_beside_train=1.5))
+  assert sim.simulate(sync_shared, seed=0).summary() == sim.simulate(sync, seed=0).summary()

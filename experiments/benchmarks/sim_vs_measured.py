@@ -1,231 +1,172 @@
-"""Predicted vs measured throughput: does the simulator reproduce a real run on this machine?
+"""The simulator against real runs it never saw: calibrated on microbenchmarks, then predicting.
 
-    python -m experiments.benchmarks.sim_vs_measured --metrics=runs/demo/metrics.jsonl \\
-        --calibration=calibration.json
+    python -m experiments.benchmarks.sim_vs_measured [--regimes=bench_rlvr,paper] [--modes=sync,1,2,4]
 
-Reads a measured run's `metrics.jsonl` (written by `flashrl_jax.controller`, one JSON object per
-training step) and a small calibration JSON, builds the same configuration in `flashrl_jax.sim`,
-simulates it with a few seeds and prints predicted vs measured throughput and the relative error.
-Last line: `sim_error_vs_measured: <fraction>` (|predicted − measured| / measured samples/s).
+For each regime (a run config file) the script first calibrates `flashrl_jax.sim` with standalone
+microbenchmarks of the real parts (`experiments/_calibration.py`: decode step by live requests on the
+run's own server layout, per-request cost, handoff, the initial policy's response lengths, train
+step and export by trained tokens), once for the sync core layout and once for the async split.
+Then it runs each mode for real (`python -m experiments.train`, real servers and trainer), and
+predicts its samples/s from the calibration alone: nothing measured in a run goes into its
+prediction. Both sides are timed on the same machine minutes apart, so a load probe (fixed work on
+each core, before and after each run and around each calibration) rescales the calibrated costs
+to the machine's speed at the run: prediction = simulated samples/s × probe(calibration) /
+probe(run). Every row prints the prediction with and without that rescaling, the measurement
+(samples/s over the steps after `--warmup_steps`, as `async_vs_sync` measures it) and the error.
 
-metrics.jsonl, per line (keys the controller writes; `?` = optional):
-  step, policy_version, num_samples (responses trained that step), samples_per_s,
-  time/step_s (wall of the step incl. publish), time/train_s, time/wait_data_s,
-  time/export_s?, time/pause_s?, time/load_s?, time/resume_s?  (weight handoff phases),
-  response_lengths? (list of token counts; else response_length_mean + response_length_max),
-  staleness_hist?, reward_mean? (reported, not needed).
-
-calibration.json (only `run` and `decode` are required):
-  {"run": {"mode": "async" | "sync", "async_ratio": 2, "batch_size": 8,   # B prompts per step
-           "group_size": 4, "rollout_servers": 2, "slots": 8, "train_devices": 1,
-           "prompt_tokens": 32, "max_len": 256, "pause_mode": "in_place" | "abort",
-           "queue_scheduling": true, "prompt_replication": true},
-   "decode": {"active": [1, 2, 4, 8], "step_s": [...]}       # measured decode step times, or
-             {"t_base_s": 0.01, "t_per_active_s": 0.001},   # a fitted linear model
-   "prefill_s_per_token": 0.0,
-   "train": {"fixed_s": .., "per_token_s": ..},   # else fitted: time/train_s vs tokens per step
-   "sync": {"export_s": .., "pause_s": .., "load_s": .., "resume_s": ..},  # else metric means
-   "reward_s": 0.0, "reward_workers": null, "warmup_steps": 1}
-`per_token_s` is device-seconds per trained token (prompt + response). On CPU a "device" is the
-process's core slice; sync runs on separate rollout and trainer processes, as the controller does.
-
-To measure the `decode` block and `prefill_s_per_token` on this machine with the project's own
-engine (static-shape slots, so the step time barely depends on how many are active; pin it like
-the servers, e.g. `taskset -c 0`, and merge the printed JSON into the calibration file):
-
-    python -m experiments.benchmarks.sim_vs_measured --measure_decode=.cache/demo_model \\
-        --slots=16 --context_length=128
+Last line: `sim_error_max_unseen: <largest |predicted − measured| / measured over the runs>`.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio  # noqa: F401 (the calibration's event loop)
 import json
-import math
+import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
 from absl import app, flags
-from scipy import special
 
+from experiments import _calibration
 from flashrl_jax import sim
-from flashrl_jax.scheduling import LengthDistribution, LengthLaw, fit_lengths
+from flashrl_jax.scheduling import EmpiricalLengths
+
+REGIMES = {"balanced": "experiments/configs/bench_rlvr.py",
+           "paper": "experiments/configs/bench_paper.py"}
+
+_REGIMES = flags.DEFINE_list("regimes", ["balanced", "paper"],
+                             f"Regimes ({', '.join(REGIMES)}) or config file paths.")
+_MODES = flags.DEFINE_list("modes", ["sync", "1", "2", "4"], "sync and/or async ratios α.")
+_STEPS = flags.DEFINE_integer("steps", 16, "Training steps per run.")
+_WARMUP = flags.DEFINE_integer("warmup_steps", 4, "Leading steps excluded (compiles, fill).")
+_SEEDS = flags.DEFINE_integer("seeds", 8, "Simulation seeds averaged per prediction.")
+_REPS = flags.DEFINE_integer("reps", 2, "Repetitions of each rollout microbenchmark point.")
+_OUT = flags.DEFINE_string("out", None, "Directory for runs and calibrations (default: temp).")
 
 
-def load_metrics(path: str) -> list[dict]:
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
-def lengths_from_metrics(records: list[dict], run: dict) -> LengthDistribution:
-  """Fit the length law: from the logged lengths, else from per-step mean and max (lognormal)."""
-  max_len = run.get("max_len")
-  if all("response_lengths" in r for r in records):
-    lengths = [x for r in records for x in r["response_lengths"]]
-    return fit_lengths(np.maximum(lengths, 1), max_len=max_len or max(lengths))
-  # Lognormal from moments: mean m = e^{μ+σ²/2}; the typical maximum of N draws is about
-  # e^{μ+σ·z_N}, z_N = Φ⁻¹(1 − 1/(N+1)); so ln(max/m) = σ·z_N − σ²/2, solved for σ.
-  mean = float(np.mean([r["response_length_mean"] for r in records]))
-  peak = float(np.median([r["response_length_max"] for r in records]))
-  n = float(np.median([r.get("num_samples", 1) for r in records]))
-  z = float(special.ndtri(1.0 - 1.0 / (n + 1.0)))
-  gap = max(math.log(max(peak, mean) / mean), 1e-6)
-  sigma = z - math.sqrt(max(z * z - 2.0 * gap, 0.0))
-  return LengthDistribution(LengthLaw.LOGNORMAL, median=math.exp(math.log(mean) - sigma**2 / 2),
-                            sigma=max(sigma, 1e-3), max_len=int(max_len or 4 * peak))
-
-
-def train_from_metrics(records: list[dict], prompt_tokens: int, devices: int) -> sim.TrainModel:
-  """`time/train_s ≈ fixed + per_token_s · tokens / devices`, preserving the measured mean.
-
-  The slope is fitted on the steps without one-off costs (JIT compiles of new shapes: steps over
-  3× the median are left out of the fit); the intercept is then set so that the model's mean over
-  *all* steps equals the measured mean, because a real run pays those compiles too.
-  """
-  tokens = np.array([r["num_samples"] * (prompt_tokens + r.get("response_length_mean", 0.0))
-                     for r in records])
-  seconds = np.array([r["time/train_s"] for r in records])
-  typical = seconds <= 3.0 * np.median(seconds)
-  slope = 0.0
-  if typical.sum() > 2 and np.ptp(tokens[typical]) > 0:
-    slope = max(float(np.polyfit(tokens[typical], seconds[typical], 1)[0]), 0.0)
-  fixed = float(seconds.mean() - slope * tokens.mean())
-  if fixed < 0:  # all of the time is per token
-    slope, fixed = float(seconds.sum() / tokens.sum()), 0.0
-  return sim.TrainModel(fixed_s=fixed, per_token_s=slope * devices)
-
-
-def build_config(records: list[dict], calibration: dict) -> sim.SimConfig:
-  """The `SimConfig` of the measured run: policies from `run`, costs calibrated."""
-  run = calibration["run"]
-  decode = calibration["decode"]
-  if "active" in decode:
-    decode_model = sim.fit_linear_decode(decode["active"], decode["step_s"])
-  else:
-    decode_model = sim.LinearDecode(decode["t_base_s"], decode.get("t_per_active_s", 0.0))
-  devices = int(run.get("train_devices", 1))
-  warmup = int(calibration.get("warmup_steps", 1))
-  measured = records[warmup:] or records
-  lengths = lengths_from_metrics(measured, run)
-  prompt_tokens = int(run.get("prompt_tokens", 0))
-  if "train" in calibration:
-    train = sim.TrainModel(**calibration["train"])
-  else:
-    train = train_from_metrics(measured, prompt_tokens, devices)
-  phases = ("export_s", "pause_s", "load_s", "resume_s")
-  sync = calibration.get("sync") or {
-      p: float(np.mean([r.get(f"time/{p}", 0.0) for r in measured])) for p in phases}
-  alpha = int(run.get("async_ratio", 0))
-  training = (sim.AsyncTraining(alpha=alpha, train_gpus=devices) if run["mode"] == "async"
-              else sim.SyncTraining(train_gpus=devices))
-  cost = sim.CostModel(decode=decode_model,
-                       prefill_s_per_token=float(calibration.get("prefill_s_per_token", 0.0)),
-                       train=train, sync=sim.SyncModel(**sync),
-                       reward_s=float(calibration.get("reward_s", 0.0)),
-                       reward_workers=calibration.get("reward_workers"))
+def sim_config(calibration: dict, mode: str, alpha: int, batch_size: int, group_size: int,
+               pause_mode, steps: int, warmup: int) -> sim.SimConfig:
+  """The simulated run, from a calibration (and the run's policy knobs) only."""
+  ro, tr = calibration["rollout"], calibration["trainer"]["alone"]
+  handoff = ro["handoff"]["idle" if mode == "sync" else "busy"]
+  cost = sim.CostModel(**calibration["interference"],
+      decode=sim.TabulatedDecode(ro["decode_active"], ro["decode_step_s"]),
+      request_s=ro["request_s"], reward_s=ro["reward_s"] + ro["latency_s"],
+      train=sim.TabulatedTrain(tr["train_tokens"], tr["train_s"]),
+      sync=sim.SyncModel(export_s=tr["export_s"], **handoff))
+  workers = ro["workers"]
+  training = (sim.SyncTraining() if mode == "sync"
+              else sim.AsyncTraining(alpha=alpha, train_gpus=1))
   return sim.SimConfig(
-      gpus=int(run["rollout_servers"]) + devices, slots=int(run["slots"]),
-      batch_prompts=int(run["batch_size"]), group_size=int(run["group_size"]),
-      steps=max(len(records) - warmup, 1), warmup_steps=warmup, lengths=lengths,
-      prompt_tokens=prompt_tokens, cost=cost,
-      training=training,
-      dispatch=sim.QueueScheduling() if run.get("queue_scheduling", True) else sim.BatchRollout(),
-      placement=(sim.PromptReplication() if run.get("prompt_replication", True)
-                 else sim.GroupPlacement()),
-      pause=run.get("pause_mode", "in_place"))
+      gpus=workers + (0 if mode == "sync" else 1), slots=ro["slots"], batch_prompts=batch_size,
+      group_size=group_size, steps=steps - warmup, warmup_steps=warmup,
+      lengths=EmpiricalLengths(ro["length_groups"]), prompt_tokens=round(ro["prompt_tokens"]),
+      cost=cost, training=training, pause=pause_mode)
 
 
-def measured_throughput(records: list[dict], warmup: int) -> float:
-  measured = records[warmup:] or records
-  if all("time/step_s" in r and "num_samples" in r for r in measured):
-    return sum(r["num_samples"] for r in measured) / sum(r["time/step_s"] for r in measured)
-  return float(np.mean([r["samples_per_s"] for r in measured]))
+def measured(workdir: str, warmup: int) -> dict:
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f if line.strip()][warmup:]
+  seconds = sum(r["time/step_s"] for r in records)
+  return {"samples_per_s": sum(r["num_samples"] for r in records) / seconds,
+          "train_s": float(np.mean([r["time/train_s"] for r in records])),
+          "step_s": seconds / len(records),
+          "longest_over_median": float(np.median([r["response_length_max"] for r in records])
+                                       / max(np.median([r["response_length_mean"]
+                                                        for r in records]), 1e-9))}
 
 
-def compare(records: list[dict], calibration: dict, seeds: int = 3) -> dict:
-  """Predicted vs measured samples/s (and step/train/wait times), with the relative error."""
-  config = build_config(records, calibration)
-  results = [sim.simulate(config, seed=s) for s in range(seeds)]
-  warmup = config.warmup_steps
-  measured = records[warmup:] or records
-  predicted = float(np.mean([r.samples_per_s for r in results]))
-  actual = measured_throughput(records, warmup)
-  return {
-      "config": config,
-      "predicted_samples_per_s": predicted, "measured_samples_per_s": actual,
-      "predicted_train_s": float(np.mean([r.train_time_s for r in results])),
-      "measured_train_s": float(np.mean([r["time/train_s"] for r in measured])),
-      "predicted_wait_data_s": float(np.mean([r.wait_data_s for r in results])),
-      "measured_wait_data_s": float(np.mean([r["time/wait_data_s"] for r in measured])),
-      "predicted_staleness_mean": float(np.mean([_hist_mean(r.staleness_hist) for r in results])),
-      "measured_staleness_mean": float(np.mean([_hist_mean(r.get("staleness_hist", {}))
-                                                for r in measured])),
-      "error": abs(predicted - actual) / actual,
-  }
+def run(config_path: str, workdir: str, mode: str, alpha: int) -> dict:
+  flags_ = ["--mode=sync"] if mode == "sync" else ["--mode=async", f"--async_ratio={alpha}"]
+  cmd = [sys.executable, "-m", "experiments.train", f"--config={config_path}",
+         f"--workdir={workdir}", f"--steps={_STEPS.value}", "--progress=false", "--plot=false",
+         "--eval_every=0", *flags_]
+  before = _calibration.probe()
+  start = time.perf_counter()
+  proc = subprocess.run(cmd, capture_output=True, text=True)
+  wall = time.perf_counter() - start
+  after = _calibration.probe()
+  if proc.returncode:
+    raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+  return {"probe_s": (before["probe_s"] + after["probe_s"]) / 2,
+          "loadavg": [before["loadavg"], after["loadavg"]], "wall_s": wall}
 
 
-def _hist_mean(hist: dict) -> float:
-  total = sum(hist.values())
-  return sum(int(k) * v for k, v in hist.items()) / total if total else 0.0
-
-
-def measure_decode(model_path: str, slots: int, context_length: int | None = None,
-                   tokens: int = 32) -> dict:
-  """Decode step seconds vs active requests, and prefill seconds per prompt token, on one
-  `flashrl_jax.rollout.Engine`: the `decode` and `prefill_s_per_token` calibration entries."""
-  from flashrl_jax.rollout import Engine, EngineConfig, Sampling  # JAX only when asked for
-  prompt = list(range(3, 11))
-  sampling = Sampling(max_new_tokens=tokens, ignore_eos=True)
-  active = sorted({1, max(slots // 4, 1), max(slots // 2, 1), slots})
-  step_s = []
-  config = EngineConfig(model_path=model_path, max_running_requests=slots,
-                        context_length=context_length)
-  with Engine(config) as engine:
-    for count in active:
-      for _ in range(2):  # the first pass compiles this prefill shape
-        before = dataclasses.replace(engine.stats)
-        start = time.perf_counter()
-        engine.generate([prompt] * count, sampling)
-        wall = time.perf_counter() - start
-      step_s.append(wall / max(engine.stats.decode_steps - before.decode_steps, 1))
-    # Prefill: long prompts, one new token each, charged per prompt token (request overhead in).
-    long_prompt = list(range(3, 3 + min(64, engine.context_length // 2)))
-    one = Sampling(max_new_tokens=1, ignore_eos=True)
-    for _ in range(2):
-      start = time.perf_counter()
-      engine.generate([long_prompt] * slots, one)
-      prefill = (time.perf_counter() - start) / (slots * len(long_prompt))
-  return {"decode": {"active": active, "step_s": step_s}, "prefill_s_per_token": prefill}
-
-
-_METRICS = flags.DEFINE_string("metrics", None, "A run's metrics.jsonl.")
-_CALIBRATION = flags.DEFINE_string("calibration", None, "Calibration JSON.")
-_SEEDS = flags.DEFINE_integer("seeds", 3, "Simulation seeds to average.")
-_MEASURE_DECODE = flags.DEFINE_string(
-    "measure_decode", None, "Model directory: print measured `decode` and `prefill_s_per_token`.")
-_SLOTS = flags.DEFINE_integer("slots", 16, "Engine slots for --measure_decode.")
-_CONTEXT = flags.DEFINE_integer("context_length", None, "Engine context for --measure_decode "
-                                "(the controller passes the trainer's row length).")
+def ensure_model(config_path: str) -> None:
+  """The project's warm-started benchmark models are built on first use (by the train entry)."""
+  code = ("import sys; from experiments import train, _calibration; "
+          "train.ensure_model(_calibration.load_config(sys.argv[1]))")
+  subprocess.run([sys.executable, "-c", code, config_path], check=True)
 
 
 def main(argv):
   del argv
-  if _MEASURE_DECODE.value:
-    print(json.dumps(measure_decode(_MEASURE_DECODE.value, _SLOTS.value, _CONTEXT.value)))
-    return
-  if not (_METRICS.value and _CALIBRATION.value):
-    raise app.UsageError("--metrics and --calibration are required (or --measure_decode).")
-  with open(_CALIBRATION.value) as f:
-    calibration = json.load(f)
-  report = compare(load_metrics(_METRICS.value), calibration, _SEEDS.value)
-  config = report.pop("config")
-  print(f"simulated: {config.workers} rollout workers × {config.slots} slots, "
-        f"{config.train_gpus} train devices, {type(config.training).__name__}, "
-        f"B={config.batch_prompts}×n={config.group_size}, lengths {config.lengths}")
-  for what in ("samples_per_s", "train_s", "wait_data_s", "staleness_mean"):
-    p, m = report[f"predicted_{what}"], report[f"measured_{what}"]
-    print(f"{what:>15}: predicted {p:10.4g}   measured {m:10.4g}")
-  print(f"sim_error_vs_measured: {report['error']:.4f}")
+  out = _OUT.value or tempfile.mkdtemp(prefix="sim_vs_measured_")
+  os.makedirs(out, exist_ok=True)
+  print(f"runs and calibrations in {out} ({os.cpu_count()} cores)", flush=True)
+  rows = []
+  for regime in _REGIMES.value:
+    path = REGIMES.get(regime, regime)
+    if not os.path.exists(path):
+      print(f"{regime}: {path} does not exist, skipped", flush=True)
+      continue
+    ensure_model(path)
+    calibrations = {}
+    for layout in ("sync", "async"):
+      cal = _calibration.calibrate(path, layout, reps=_REPS.value,
+                                   log_dir=os.path.join(out, f"{regime}_calibration_{layout}"))
+      calibrations[layout] = cal
+      with open(os.path.join(out, f"{regime}_calibration_{layout}.json"), "w") as f:
+        json.dump(cal, f, indent=1)
+      ro, tr, inter = cal["rollout"], cal["trainer"]["alone"], cal["interference"]
+      print(f"{regime} calibration ({layout} layout, {cal['wall_s']:.0f}s, load "
+            f"{cal['loadavg'][0]:.1f}-{cal['loadavg'][1]:.1f}, probe {cal['probe_s'] * 1e3:.1f}ms): "
+            f"{ro['workers']} worker(s) x {ro['slots']} slots, decode step "
+            + ", ".join(f"{a}:{s * 1e3:.2f}ms" for a, s in zip(ro["decode_active"],
+                                                              ro["decode_step_s"]))
+            + f"; request {ro['request_s'] * 1e3:.2f}ms + latency {ro['latency_s'] * 1e3:.1f}ms; "
+            f"train {tr['train_s'][0]:.3f}-{tr['train_s'][1]:.3f}s for {tr['train_tokens'][0]}-"
+            f"{tr['train_tokens'][1]} tokens, export {tr['export_s']:.3f}s; in one process, train "
+            f"x{inter['train_beside_rollout']:.2f} beside rollout, rollout "
+            f"x{inter['rollout_beside_train']:.2f} beside training; handoff busy "
+            f"{sum(ro['handoff']['busy'].values()):.3f}s idle {sum(ro['handoff']['idle'].values()):.3f}s",
+            flush=True)
+    for mode in _MODES.value:
+      alpha = 0 if mode == "sync" else int(mode)
+      name = "sync" if mode == "sync" else f"async α={alpha}"
+      workdir = os.path.join(out, f"{regime}_{'sync' if mode == 'sync' else f'async_a{alpha}'}")
+      config = _calibration.load_config(path, mode="sync" if mode == "sync" else "async",
+                                        async_ratio=alpha)
+      info = run(path, workdir, "sync" if mode == "sync" else "async", alpha)
+      cal = calibrations["sync" if mode == "sync" else "async"]
+      simulated = sim_config(cal, "sync" if mode == "sync" else "async", alpha, config.batch_size,
+                             config.group_size, config.rollout.pause_mode, _STEPS.value,
+                             _WARMUP.value)
+      results = [sim.simulate(simulated, seed=s) for s in range(_SEEDS.value)]
+      raw = float(np.mean([r.samples_per_s for r in results]))
+      speed = cal["probe_s"] / info["probe_s"]
+      got = measured(workdir, _WARMUP.value)
+      row = {"regime": regime, "mode": name, "measured": got["samples_per_s"],
+             "predicted_raw": raw, "predicted": raw * speed, "speed": speed,
+             "error": abs(raw * speed - got["samples_per_s"]) / got["samples_per_s"],
+             "error_raw": abs(raw - got["samples_per_s"]) / got["samples_per_s"],
+             "train_s": (float(np.mean([r.train_time_s for r in results])) / speed,
+                         got["train_s"]),
+             "loadavg": info["loadavg"], "run_wall_s": info["wall_s"]}
+      rows.append(row)
+      print(f"{regime:>9} {name:<10} measured {row['measured']:7.2f} samples/s | predicted "
+            f"{row['predicted']:7.2f} (error {row['error']:5.1%}); without load rescaling "
+            f"{raw:7.2f} ({row['error_raw']:5.1%}) | machine speed x{speed:.2f}, load "
+            f"{info['loadavg'][0]:.1f}-{info['loadavg'][1]:.1f} | train step predicted "
+            f"{row['train_s'][0]:.3f}s measured {row['train_s'][1]:.3f}s", flush=True)
+  with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump(rows, f, indent=1)
+  if not rows:
+    raise app.UsageError("no regime could be run")
+  print(f"sim_error_max_unseen: {max(r['error'] for r in rows):.3f}")
 
 
 if __name__ == "__main__":

@@ -9,14 +9,16 @@ live here, pure and JAX-free, and both `flashrl_jax.controller` (the real RL loo
 - `PauseMode`: what in-flight requests do across a weight update (the wire value of SGLang's
   `/pause_generation`, and what each mode costs the rollout).
 - `LengthDistribution`: the long-tail law of response lengths (the synthetic tasks' required answer
-  lengths, and the simulator's workload), with `fit_lengths` to recover one from measured lengths.
+  lengths, and the simulator's workload), with `fit_lengths` to recover one from measured lengths;
+  `EmpiricalLengths` resamples measured groups of lengths as they are.
 """
 
-from flashrl_jax.scheduling._lengths import LengthDistribution, LengthLaw, fit_lengths
+from flashrl_jax.scheduling._lengths import (EmpiricalLengths, LengthDistribution, LengthLaw,
+                                             fit_lengths)
 from flashrl_jax.scheduling._pause import PauseMode
 from flashrl_jax.scheduling._staleness import Buffered, SampleBuffer, StalenessBound, TakeResult
 
 __all__ = [
-    "Buffered", "LengthDistribution", "LengthLaw", "PauseMode", "SampleBuffer", "StalenessBound",
+    "Buffered", "EmpiricalLengths", "LengthDistribution", "LengthLaw", "PauseMode", "SampleBuffer", "StalenessBound",
     "TakeResult", "fit_lengths",
 ]

@@ -168,3 +168,40 @@ def fit_lengths(samples, law: LengthLaw | str = LengthLaw.LOGNORMAL, *,
   alpha = len(flat) / max(float(np.sum(np.log(flat / xm))), 1e-9)
   return LengthDistribution(law, median=xm * 2.0 ** (1.0 / alpha), alpha=alpha, max_len=cap,
                             prompt_corr=rho)
+
+
+@dataclasses.dataclass(frozen=True)
+class EmpiricalLengths:
+  """Lengths resampled from measured groups (one row = one prompt's responses).
+
+  Why: a policy's real lengths are not a clean parametric law — a warm-started model answers most
+  prompts near the required length and now and then runs on to the generation limit — and a
+  simulation of a measured workload should see that tail as it is. A prompt factor z picks a row
+  (the row at quantile Φ(z), so a re-issued prompt keeps its difficulty) and the group's responses
+  are drawn from that row with replacement (fresh responses to the same prompt).
+  """
+
+  groups: tuple[tuple[int, ...], ...]
+
+  def __post_init__(self):
+    groups = tuple(tuple(int(x) for x in row) for row in self.groups)
+    object.__setattr__(self, "groups", groups)
+    if not groups or any(not row for row in groups) or min(min(row) for row in groups) < 1:
+      raise ValueError("need at least one non-empty group of lengths, all >= 1")
+
+  @property
+  def max_len(self) -> int:
+    return max(max(row) for row in self.groups)
+
+  def mean(self) -> float:
+    return float(np.mean([x for row in self.groups for x in row]))
+
+  def prompt_factors(self, rng: np.random.Generator, num_groups: int) -> np.ndarray:
+    return rng.standard_normal(num_groups)
+
+  def sample_groups(self, rng: np.random.Generator, prompt_z, group_size: int) -> np.ndarray:
+    z = np.asarray(prompt_z, dtype=np.float64).ravel()
+    quantile = 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0))) if z.size else z
+    rows = np.minimum((quantile * len(self.groups)).astype(np.int64), len(self.groups) - 1)
+    return np.array([rng.choice(self.groups[r], size=group_size, replace=True) for r in rows],
+                    dtype=np.int64).reshape(len(rows), group_size)

@@ -22,6 +22,8 @@ from flashrl_jax.sim._costs import (
     LinearDecode,
     RooflineDecode,
     SyncModel,
+    TabulatedDecode,
+    TabulatedTrain,
     TrainModel,
     fit_linear_decode,
 )
@@ -53,6 +55,8 @@ __all__ = [
     "StepRecord",
     "SyncModel",
     "SyncTraining",
+    "TabulatedDecode",
+    "TabulatedTrain",
     "TrainModel",
     "Workload",
     "amortised_bound",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from flashrl_jax.scheduling import LengthDistribution, PauseMode
+from flashrl_jax.scheduling import EmpiricalLengths, LengthDistribution, PauseMode
 from flashrl_jax.sim import _costs, _rollout, _training
 
 Training = _training.SyncTraining | _training.AsyncTraining
@@ -46,7 +46,7 @@ class SimConfig:
   group_size: int = 8
   steps: int = 10
   warmup_steps: int = 2
-  lengths: LengthDistribution = LengthDistribution(median=math.exp(8.0), sigma=1.0, max_len=32768)
+  lengths: LengthDistribution | EmpiricalLengths = LengthDistribution(median=math.exp(8.0), sigma=1.0, max_len=32768)
   prompt_tokens: int = 256
   cost: _costs.CostModel = _costs.CostModel()
   training: Training = _training.SyncTraining()

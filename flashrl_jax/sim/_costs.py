@@ -78,6 +78,43 @@ class RooflineDecode:
     return max(memory, compute) + self.overhead_s
 
 
+@dataclasses.dataclass(frozen=True)
+class TabulatedDecode:
+  """Decode step time measured at a few active counts, linearly interpolated between them.
+
+  What a measured engine gives: its step time is not linear in the active count (decode runs on
+  power-of-two buckets of slots, and a core shared by several server processes takes their steps
+  in turn), so the measurements are used as they are. Below the first point the first value holds;
+  beyond the last, the last segment's slope continues.
+  """
+
+  active: tuple[int, ...]
+  step_s: tuple[float, ...]
+
+  def __post_init__(self):
+    object.__setattr__(self, "active", tuple(int(a) for a in self.active))
+    object.__setattr__(self, "step_s", tuple(float(t) for t in self.step_s))
+    if len(self.active) != len(self.step_s) or not self.active:
+      raise ValueError(f"need as many step times as active counts, got {self}")
+    if any(b <= a for a, b in zip(self.active, self.active[1:])) or self.active[0] < 1:
+      raise ValueError(f"active counts must be >= 1 and increasing, got {self.active}")
+    if min(self.step_s) <= 0:
+      raise ValueError(f"step times must be > 0, got {self.step_s}")
+
+  def step_time(self, active: int) -> float:
+    return _interp(active, self.active, self.step_s)
+
+
+def _interp(x: float, xs: tuple, ys: tuple) -> float:
+  """Piecewise-linear through (xs, ys); flat below xs[0], last slope beyond xs[-1] (never < 0)."""
+  if x <= xs[0] or len(xs) == 1:
+    return ys[0]
+  if x >= xs[-1]:
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    return max(ys[-1] + slope * (x - xs[-1]), 0.0)
+  return float(np.interp(x, xs, ys))
+
+
 def fit_linear_decode(active, step_s) -> LinearDecode:
   """Least-squares `LinearDecode` from measured (active slots, decode step seconds) pairs."""
   a = np.asarray(active, dtype=np.float64)
@@ -118,6 +155,28 @@ class TrainModel:
 
 
 @dataclasses.dataclass(frozen=True)
+class TabulatedTrain:
+  """Train-step time measured at a few trained-token counts (on the devices the run gives the
+  trainer), linearly interpolated: what a standalone train-step microbenchmark gives, including
+  the steps where packing spills into another micro-batch."""
+
+  tokens: tuple[int, ...]
+  seconds: tuple[float, ...]
+
+  def __post_init__(self):
+    object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
+    object.__setattr__(self, "seconds", tuple(float(s) for s in self.seconds))
+    if len(self.tokens) != len(self.seconds) or not self.tokens:
+      raise ValueError(f"need as many times as token counts, got {self}")
+    if any(b <= a for a, b in zip(self.tokens, self.tokens[1:])) or min(self.seconds) < 0:
+      raise ValueError(f"token counts must increase and times be >= 0, got {self}")
+
+  def time(self, tokens: float, devices: int) -> float:
+    del devices  # measured on the run's own trainer devices
+    return _interp(tokens, self.tokens, self.seconds)
+
+
+@dataclasses.dataclass(frozen=True)
 class SyncModel:
   """Weight handoff after each update: export (trainer), then pause → load → resume (rollout)."""
 
@@ -147,21 +206,31 @@ class CostModel:
   Attributes:
     decode: per-worker decode step model.
     prefill_s_per_token: seconds a worker spends per prompt token admitted (decode stalls meanwhile).
+    request_s: seconds a worker spends per request admitted, whatever its length (prefill launch,
+      HTTP and per-request work of the server and of the client on the same cores; decode stalls).
     train: train-step model.
     sync: weight-handoff model.
     reward_s: seconds to score one response.
     reward_workers: concurrent reward computations (None: unbounded).
+    train_beside_rollout: train-step time multiplier while the rollout is busy, and
+    rollout_beside_train: rollout cost multiplier while the trainer trains — for a trainer and a
+      rollout client that share one process and its interpreter lock, as on CPU here (1: none).
   """
 
   decode: DecodeModel = LinearDecode(0.01, 0.0)
   prefill_s_per_token: float = 0.0
-  train: TrainModel = TrainModel()
+  request_s: float = 0.0
+  train: TrainModel | TabulatedTrain = TrainModel()
   sync: SyncModel = SyncModel()
   reward_s: float = 0.0
   reward_workers: int | None = None
+  train_beside_rollout: float = 1.0
+  rollout_beside_train: float = 1.0
 
   def __post_init__(self):
-    if self.prefill_s_per_token < 0 or self.reward_s < 0:
+    if self.train_beside_rollout < 1.0 or self.rollout_beside_train < 1.0:
+      raise ValueError(f"interference factors must be >= 1, got {self}")
+    if self.prefill_s_per_token < 0 or self.reward_s < 0 or self.request_s < 0:
       raise ValueError(f"costs must be >= 0, got {self}")
     if self.reward_workers is not None and self.reward_workers < 1:
       raise ValueError(f"reward_workers must be >= 1 or None, got {self.reward_workers}")

@@ -97,7 +97,8 @@ class RolloutPool:
 
   def __init__(self, loop: EventLoop, workers: list[Worker], dispatch: Dispatch,
                placement: Placement, cost: _costs.CostModel, version: Callable[[], int],
-               on_ready: Callable[[Group], None]):
+               on_ready: Callable[[Group], None],
+               on_activity: Callable[[bool], None] = lambda busy: None):
     self.loop = loop
     self.workers = workers
     self.dispatch = dispatch
@@ -105,6 +106,8 @@ class RolloutPool:
     self.cost = cost
     self.version = version
     self.on_ready = on_ready
+    self.on_activity = on_activity  # called when the pool turns busy (requests live) or idle
+    self.busy = False
     self.pending: collections.deque[list[Request]] = collections.deque()
     self.paused_until = 0.0
     self.wave: set[int] = set()
@@ -119,6 +122,7 @@ class RolloutPool:
     for group in groups:
       self.pending.extend(self.placement.units(group))
     self.dispatch.kick(self, self.loop.now)
+    self._activity()
 
   def fill(self, now: float) -> list[Request]:
     """Admit queued units (FIFO) while a worker can take them; returns the admitted requests."""
@@ -155,6 +159,19 @@ class RolloutPool:
     if t is not None:
       self.loop.at(t, self._on_finish, worker, worker.epoch)
 
+  def _activity(self) -> None:
+    busy = bool(self.pending) or bool(self._loads.any())
+    if busy != self.busy:
+      self.busy = busy
+      self.on_activity(busy)
+
+  def set_slow(self, factor: float) -> None:
+    """Every worker's costs take `factor` times as long from now on (a co-located trainer)."""
+    for worker in self.workers:
+      if worker.slow != factor:
+        worker.set_slow(self.loop.now, factor)
+        self._reschedule(worker)
+
   def _on_finish(self, worker: Worker, epoch: int) -> None:
     if epoch != worker.epoch:
       return  # superseded by a later change on this worker
@@ -163,6 +180,7 @@ class RolloutPool:
     self._reschedule(worker)
     self.dispatch.finished(self, done, now)
     self.dispatch.kick(self, now)
+    self._activity()
 
   def score(self, requests: list[Request], now: float) -> None:
     """Compute rewards on the reward pool (FIFO over `reward_workers`, or all at once)."""
@@ -202,6 +220,7 @@ class RolloutPool:
 
   def _resume(self) -> None:
     self.dispatch.kick(self, self.loop.now)
+    self._activity()
 
   def cancel(self, groups: list[Group]) -> int:
     """Abort every request of `groups` (queued or running); returns the tokens thrown away."""
@@ -227,4 +246,5 @@ class RolloutPool:
           request.cancelled = True
           self.dispatch.settled(self, request, now)
     self.dispatch.kick(self, now)
+    self._activity()
     return int(wasted)

@@ -29,11 +29,11 @@ class Run:
     self.config = config
     self.rng = np.random.default_rng(seed)
     self.loop = EventLoop()
-    self.workers = [Worker(i, config.slots, config.cost.decode, config.cost.prefill_s_per_token)
-                    for i in range(config.workers)]
+    self.workers = [Worker(i, config.slots, config.cost.decode, config.cost.prefill_s_per_token,
+                           config.cost.request_s) for i in range(config.workers)]
     self.pool = RolloutPool(self.loop, self.workers, config.dispatch, config.placement,
                             config.cost, version=lambda: self.rollout_version,
-                            on_ready=self._on_ready)
+                            on_ready=self._on_ready, on_activity=self._rollout_activity)
     self.version = 0          # trainer's policy version t (= train steps done)
     self.rollout_version = 0  # version the rollout servers hold
     self.outstanding = 0      # prompts issued and neither consumed nor dropped
@@ -53,6 +53,12 @@ class Run:
     self._sync_free_at = 0.0
     self._dropped = 0
     self._wasted = 0
+    # The train step under way: seconds of trainer work left (at full speed), the current rate
+    # (< 1 while a co-located rollout competes), and an epoch that voids superseded end events.
+    self._train_left = 0.0
+    self._train_rate = 1.0
+    self._train_since = 0.0
+    self._train_epoch = 0
 
   @property
   def finished(self) -> bool:
@@ -107,11 +113,36 @@ class Run:
         response_lengths=[r.length for r in requests], dropped_samples=self._dropped)
     self._dropped = 0
     self.trainer_busy = self.training = True
-    self.loop.at(now + seconds, self._trained, record, then)
+    self._train_left, self._train_since = seconds, now
+    self._train_rate = self._rate(self.pool.busy)
+    self.pool.set_slow(self.config.cost.rollout_beside_train)
+    self._schedule_train_end(record, then)
 
-  def _trained(self, record: StepRecord, then: Callable[[], None]) -> None:
+  def _rate(self, rollout_busy: bool) -> float:
+    return 1.0 / self.config.cost.train_beside_rollout if rollout_busy else 1.0
+
+  def _schedule_train_end(self, record: StepRecord, then: Callable[[], None]) -> None:
+    self._record, self._then = record, then
+    self._train_epoch += 1
+    end = self.loop.now + self._train_left / self._train_rate
+    self.loop.at(end, self._trained, record, then, self._train_epoch)
+
+  def _rollout_activity(self, busy: bool) -> None:
+    """The rollout turned busy or idle: a training step under way changes speed."""
+    if not self.training or self._train_rate == self._rate(busy):
+      return
+    now = self.loop.now
+    self._train_left = max(self._train_left - (now - self._train_since) * self._train_rate, 0.0)
+    self._train_since, self._train_rate = now, self._rate(busy)
+    self._schedule_train_end(self._record, self._then)
+
+  def _trained(self, record: StepRecord, then: Callable[[], None], epoch: int) -> None:
+    if epoch != self._train_epoch:
+      return  # the step's speed changed since this end was scheduled
     self.version += 1
     self.training = False
+    self.pool.set_slow(1.0)
+    record.train_s = self.loop.now - record.start_time
     self._train_busy_s += record.train_s
     record.end_time = self.loop.now
     self.records.append(record)

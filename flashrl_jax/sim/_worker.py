@@ -73,11 +73,14 @@ class Request:
 class Worker:
   """A rollout worker with `slots` concurrent decode slots (continuous batching)."""
 
-  def __init__(self, wid: int, slots: int, decode: _costs.DecodeModel, prefill_s_per_token: float):
+  def __init__(self, wid: int, slots: int, decode: _costs.DecodeModel, prefill_s_per_token: float,
+               request_s: float = 0.0):
     self.wid = wid
     self.slots = slots
     self.decode = decode
     self.prefill_s_per_token = prefill_s_per_token
+    self.request_s = request_s
+    self.slow = 1.0  # time multiplier of every cost, while a co-located trainer competes
     self.active: list[tuple[float, int, Request]] = []  # heap keyed by finish threshold
     self.progress = 0.0
     self.last = 0.0
@@ -99,7 +102,7 @@ class Worker:
     start = max(self.last, self.blocked_until)
     if self.active and now > start:
       dt = now - start
-      self.progress += dt / self.decode.step_time(len(self.active))
+      self.progress += dt / self.step_time()
       self.busy_s += dt
     self.last = max(self.last, now)
 
@@ -107,12 +110,21 @@ class Worker:
     if not self.free_slots:
       raise RuntimeError(f"worker {self.wid} has no free slot")
     self.advance(now)
-    prefill = self.prefill_s_per_token * request.prompt_tokens
+    prefill = (self.request_s + self.prefill_s_per_token * request.prompt_tokens) * self.slow
     self.blocked_until = max(self.blocked_until, now) + prefill
     self.busy_s += prefill
     request.threshold = self.progress + request.length
     request.worker = self
     heapq.heappush(self.active, (request.threshold, next(self._seq), request))
+    self.epoch += 1
+
+  def step_time(self) -> float:
+    return self.decode.step_time(len(self.active)) * self.slow
+
+  def set_slow(self, now: float, factor: float) -> None:
+    """From `now` on, every cost takes `factor` times as long (progress so far is kept)."""
+    self.advance(now)
+    self.slow = factor
     self.epoch += 1
 
   def block(self, now: float, seconds: float) -> None:
@@ -123,7 +135,7 @@ class Worker:
 
   def prefill(self, now: float, tokens: float) -> None:
     """Block for re-prefilling `tokens` (abort-mode resume), counted as busy time."""
-    seconds = self.prefill_s_per_token * tokens
+    seconds = self.prefill_s_per_token * tokens * self.slow
     self.block(now, seconds)
     self.busy_s += seconds
 
@@ -131,7 +143,7 @@ class Worker:
     if not self.active:
       return None
     remaining = max(self.active[0][0] - self.progress, 0.0)
-    return max(now, self.blocked_until) + remaining * self.decode.step_time(len(self.active))
+    return max(now, self.blocked_until) + remaining * self.step_time()
 
   def pop_finished(self, now: float) -> list[Request]:
     """Remove the head request (its finish event fired) and any others that tie with it."""

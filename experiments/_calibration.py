@@ -1,0 +1,402 @@
+"""Standalone microbenchmarks that calibrate the simulator for one run configuration.
+
+Why: a simulator is worth what its predictions of runs it never saw are worth, so every cost it
+charges is measured here on the real parts, outside any RL run — the runs it predicts only supply
+their measured throughput, to compare against. One calibration process per core layout places
+everything as `controller.run` does (the process and JAX's thread pool on the trainer's cores, the
+run's server processes pinned to theirs, in async mode the event loop on the rollout cores and
+worker threads on the trainer's), and measures:
+
+- rollout, through the real client and reward function: the decode step time by live requests per
+  rollout core (`a` concurrent requests of L1 and L2 tokens with `ignore_eos`: step = ΔW/ΔL), the
+  per-request cost that blocks a core (prefill, HTTP, client work: the slope of the intercept in
+  `a`) and the per-request latency that does not (the intercept's intercept);
+- response lengths: the initial policy on prompts of the task that the runs never draw (same
+  sampling), kept as groups (`scheduling.EmpiricalLengths`);
+- the weight handoff (`Supervisor.handoff`, the run's pause mode), with idle servers (what a sync
+  run's publish meets) and with every slot decoding (an async run's);
+- the train step and the HF export (`Trainer.update`, `VersionStore.export`) on batches drawn from
+  those lengths, as a function of trained tokens, with the servers idle;
+- async layout only, the interference of trainer and rollout client, which share one Python process
+  (and its interpreter lock) in an async run: the train step while the client keeps every slot
+  decoding, and a full rollout batch while the trainer trains (measured: each about 1.5-2x slower
+  on this machine; see docs/simulator.md).
+
+A load probe (fixed pure-Python work on each core) is timed around every calibration and every
+predicted run, so calibration and run can be compared at the same machine speed.
+
+  python -m experiments._calibration --config=experiments/configs/bench_rlvr.py --layout=async \\
+      --out=calibration.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from flashrl_jax.controller import Mode, RunConfig
+
+_PROBE_N = 300_000  # ~20-40 ms of pure-Python work on an idle core of this machine
+
+
+def load_config(path: str, **changes) -> RunConfig:
+  """`get_config()` of a config file, with `changes` applied (mode, async_ratio, ...)."""
+  spec = importlib.util.spec_from_file_location("_calibrated_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config().replace(**changes)
+
+
+def probe(reps: int = 5) -> dict[str, Any]:
+  """Median wall seconds of fixed pure-Python work on each core (this thread pinned in turn)."""
+  cores = sorted(os.sched_getaffinity(0))
+  per_core = {}
+  try:
+    for core in cores:
+      os.sched_setaffinity(0, [core])
+      times = []
+      for _ in range(reps):
+        start = time.perf_counter()
+        sum(i * i for i in range(_PROBE_N))
+        times.append(time.perf_counter() - start)
+      per_core[core] = statistics.median(times)
+  finally:
+    os.sched_setaffinity(0, cores)
+  return {"probe_s": float(np.mean(list(per_core.values()))), "per_core": per_core,
+          "loadavg": os.getloadavg()[0]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Where a run's processes go (as `controller.run` places them on CPU)."""
+
+  server_cpus: tuple[tuple[int, ...], ...]  # per server
+  client_cpus: tuple[int, ...] | None       # the controller's event loop (None: unpinned)
+  train_cpus: tuple[int, ...]
+
+  @property
+  def workers(self) -> tuple[tuple[int, ...], ...]:
+    """Distinct core sets serving rollout: the simulator's workers (servers on one set share it)."""
+    return tuple(dict.fromkeys(self.server_cpus))
+
+
+def layout(config: RunConfig, cores: list[int]) -> Layout:
+  from flashrl_jax.fleet import split_cpus
+  if config.mode is Mode.ASYNC:
+    rollout, train = config.resources.cpu_split(cores)
+    client = tuple(rollout)
+  else:
+    rollout = train = cores
+    client = None
+  k = config.rollout.num_servers
+  per = (split_cpus(k, rollout) if k <= len(rollout)
+         else [[rollout[i % len(rollout)]] for i in range(k)])
+  return Layout(tuple(tuple(c) for c in per), client, tuple(train))
+
+
+def _median(values) -> float:
+  return float(statistics.median(values))
+
+
+def _nondecreasing(values: list[float], floor: float = 1e-6) -> list[float]:
+  """Least-squares non-decreasing fit (pool adjacent violators): a decode step never gets cheaper
+  with more live requests, so a dip is timing noise of the shared machine, averaged away here."""
+  blocks: list[list[float]] = []  # [mean, weight]
+  for v in values:
+    blocks.append([v, 1.0])
+    while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+      (m1, w1), (m2, w2) = blocks[-2], blocks.pop()
+      blocks[-1] = [(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2]
+  return [max(m, floor) for m, w in blocks for _ in range(int(w))]
+
+
+class _Bench:
+  """The measurements, inside the calibration process's event loop."""
+
+  def __init__(self, config: RunConfig, place: Layout, client, tokenizer, trainer, reps: int):
+    from flashrl_jax import envs
+    from flashrl_jax.controller import PromptSource
+    self.config, self.place, self.client, self.reps = config, place, client, reps
+    self.tokenizer, self.trainer = tokenizer, trainer
+    self.reward_fn = envs.make_reward_fn(envs.RewardConfig(kind=config.task.reward))
+    source = PromptSource(synthetic=config.task.synthetic, seed=config.task.seed + 7_777)
+    self.prompts = [source.next()[1] for _ in range(512)]  # a seed the runs never draw
+    self.workers = len(place.workers)
+    self.slots = config.rollout.max_running_requests * config.rollout.num_servers // self.workers
+    self._count = 0
+
+  async def one(self, sampling) -> int:
+    """One request as `GroupRunner` makes it: generate, decode, reward."""
+    sample = self.prompts[self._count % len(self.prompts)]
+    self._count += 1
+    result = await self.client.generate(self.tokenizer.encode(sample.prompt), sampling)
+    await self.reward_fn(sample.prompt, self.tokenizer.decode(result.output_ids), sample)
+    return len(result.output_ids)
+
+  async def batch(self, a: int, tokens: int) -> float:
+    from flashrl_jax.fleet import SamplingParams
+    sampling = SamplingParams(max_new_tokens=tokens, ignore_eos=True,
+                              temperature=self.config.rollout.temperature)
+    start = time.perf_counter()
+    await asyncio.gather(*(self.one(sampling) for _ in range(a)))
+    return time.perf_counter() - start
+
+  async def lengths(self, eos: tuple[int, ...], rounds: int = 4) -> list[list[int]]:
+    from flashrl_jax.fleet import SamplingParams
+    r = self.config.rollout
+    sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                              top_p=r.top_p, stop_token_ids=eos)
+    groups = []
+    for _ in range(rounds):
+      groups += await asyncio.gather(*(
+          asyncio.gather(*(self.one(sampling) for _ in range(self.config.group_size)))
+          for _ in range(self.config.batch_size)))
+    return [list(g) for g in groups]
+
+  async def decode(self, median_len: float) -> dict[str, Any]:
+    # L1 long enough that every request of a batch is admitted before the first ones finish (the
+    # model below assumes `a` requests decoding together), L2 about a long response.
+    room = min(self.config.rollout.max_new_tokens,
+               self.config.train.batch.row_length - max(len(p.prompt) for p in self.prompts) - 2)
+    l1 = min(32, room // 3)
+    l2 = int(min(room, l1 + max(64, 4 * median_len)))
+    per_worker = sorted({1, 2, 4, 8, 16, 32, 64, 128, self.slots} & set(range(1, self.slots + 1)))
+    active = [a * self.workers for a in per_worker]
+    for a in active:  # compiles every decode bucket and prefill group once
+      await self.batch(a, l1)
+    walls: dict[tuple[int, int], list[float]] = {}
+    for _ in range(self.reps):  # interleaved, so a change of load hits every point alike
+      for a in active:
+        for tokens in (l1, l2):
+          walls.setdefault((a, tokens), []).append(await self.batch(a, tokens))
+    step = _nondecreasing([(_median(walls[(a, l2)]) - _median(walls[(a, l1)])) / (l2 - l1)
+                           for a in active])
+    fixed = [_median(walls[(a, l1)]) - l1 * s for a, s in zip(active, step)]
+    # fixed(a) = latency + (a / workers) * request_s: a worker admits its a/workers requests one
+    # after another (blocking), while the round trip is paid once.
+    slope, intercept = np.polyfit(per_worker, fixed, 1)
+    return {"decode_active": per_worker, "decode_step_s": step,
+            "request_s": max(float(slope), 0.0), "latency_s": max(float(intercept), 0.0),
+            "decode_tokens": [l1, l2], "raw": {f"{a}x{t}": v for (a, t), v in walls.items()}}
+
+  async def handoff(self) -> dict[str, dict[str, float]]:
+    from flashrl_jax.fleet import Supervisor
+    path, mode = self.config.model_path, self.config.rollout.pause_mode
+    supervisor = Supervisor(self.client, servers=None, counters={},
+                            current_version=lambda: (path, 0))
+    busy, idle = [], []
+    async with supervisor:
+      for version in range(1, self.reps + 2):
+        idle.append(await supervisor.handoff(path, 2 * version, mode))
+        load = asyncio.create_task(self.batch(self.slots * self.workers,
+                                              self.config.rollout.max_new_tokens))
+        await asyncio.sleep(0.2)
+        busy.append(await supervisor.handoff(path, 2 * version + 1, mode))
+        await load
+    return {name: {k.split("/")[1]: _median([h[k] for h in hs[1:]]) for k in hs[0]}
+            for name, hs in (("busy", busy), ("idle", idle))}
+
+  async def reward(self, count: int = 200) -> float:
+    start = time.perf_counter()
+    for sample in self.prompts[:count]:
+      await self.reward_fn(sample.prompt, sample.answer, sample)
+    return (time.perf_counter() - start) / count
+
+  def _trajectories(self, rng, groups: list[list[int]], prompt_tokens: float):
+    from flashrl_jax.trainer import Trajectory
+    vocab, version = self.trainer.model_config.vocab_size, self.trainer.policy_version
+    out = []
+    for g in range(self.config.batch_size):
+      row = groups[int(rng.integers(len(groups)))]
+      for j in range(self.config.group_size):
+        length = int(rng.choice(row))
+        out.append(Trajectory(
+            sample_id=g * self.config.group_size + j,
+            prompt_ids=rng.integers(3, vocab, size=round(prompt_tokens)).astype(np.int32),
+            response_ids=rng.integers(3, vocab, size=length).astype(np.int32),
+            behavior_logp=np.full(length, -1.0, np.float32), reward=float(rng.integers(2)),
+            group_id=g, behavior_version=version, start_version=version))
+    return out
+
+  async def rollout_beside_train(self, groups, prompt_tokens: float, median_len: float) -> float:
+    """How much longer a full rollout batch takes while the trainer trains in a worker thread of
+    this process (alternating alone / beside, medians)."""
+    stop = asyncio.Event()
+    rng = np.random.default_rng(2)
+
+    async def train_forever() -> None:
+      while not stop.is_set():
+        await asyncio.to_thread(self.trainer.update, self._trajectories(rng, groups, prompt_tokens))
+
+    a = self.slots * self.workers
+    tokens = int(min(self.config.rollout.max_new_tokens, max(48, 4 * median_len)))
+    alone, beside = [], []
+    for _ in range(self.reps + 1):
+      alone.append(await self.batch(a, tokens))
+      stop.clear()
+      trainer = asyncio.create_task(train_forever())
+      await asyncio.sleep(0.2)
+      beside.append(await self.batch(a, tokens))
+      stop.set()
+      await trainer
+    return max(_median(beside) / _median(alone), 1.0)
+
+  async def train(self, groups, prompt_tokens: float, batches: int, *, busy: bool
+                  ) -> dict[str, Any]:
+    """`trainer.update` then the export, as `_train_and_publish` runs them (worker threads);
+    with `busy`, the client keeps every slot decoding meanwhile."""
+    from flashrl_jax.trainer import VersionStore
+    store = VersionStore(tempfile.mkdtemp(prefix="calib_versions_"))
+    rng = np.random.default_rng(1 if busy else 0)
+    stop = asyncio.Event()
+
+    async def saturate() -> None:
+      async def lane():
+        while not stop.is_set():
+          await self.batch(1, self.config.rollout.max_new_tokens)
+      await asyncio.gather(*(lane() for _ in range(self.slots * self.workers)))
+
+    load = asyncio.create_task(saturate()) if busy else None
+    tokens, seconds, exports = [], [], []
+    try:
+      if busy:
+        await asyncio.sleep(1.0)
+      for _ in range(batches):
+        batch = self._trajectories(rng, groups, prompt_tokens)
+        start = time.perf_counter()
+        await asyncio.to_thread(self.trainer.update, batch)
+        middle = time.perf_counter()
+        await asyncio.to_thread(store.export, self.trainer.model(), self.trainer.policy_version,
+                                config=self.trainer.model_config, step=self.trainer.step)
+        exports.append(time.perf_counter() - middle)
+        tokens.append(sum(len(t.prompt_ids) + len(t.response_ids) for t in batch))
+        seconds.append(middle - start)
+        store.gc(keep_last=2)
+    finally:
+      stop.set()
+      if load is not None:
+        await load
+    # Least squares through the mean, the slope kept >= 0 (noise can tilt a narrow token range).
+    t, s = np.asarray(tokens, float), np.asarray(seconds, float)
+    slope = max(float(np.polyfit(t, s, 1)[0]), 0.0) if np.ptp(t) > 0 else 0.0
+    lo, hi = int(t.min()), max(int(t.max()), int(t.min()) + 1)
+    fit = [max(float(s.mean() + slope * (x - t.mean())), 0.0) for x in (lo, hi)]
+    return {"train_tokens": [lo, hi], "train_s": fit, "export_s": _median(exports),
+            "raw_tokens": tokens, "raw_seconds": seconds}
+
+
+async def _measure(config: RunConfig, place: Layout, urls: list[str], trainer, reps: int
+                   ) -> dict[str, Any]:
+  from flashrl_jax.fleet import RolloutClient
+  from flashrl_jax.model import load_tokenizer
+  if place.client_cpus is not None:  # as `controller.run`: worker threads on the trainer's cores
+    asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(
+        thread_name_prefix="trainer", initializer=os.sched_setaffinity,
+        initargs=(0, place.train_cpus)))
+    os.sched_setaffinity(0, place.client_cpus)  # this thread: the event loop
+  tokenizer = load_tokenizer(config.model_path)
+  model = trainer.model_config
+  eos = tuple(sorted({i for i in [tokenizer.eos_token_id, *model.eos_token_ids] if i is not None}))
+  async with RolloutClient(urls, vocab_size=model.vocab_size, request_timeout_s=600) as client:
+    await client.wait_healthy(timeout_s=300)
+    bench = _Bench(config, place, client, tokenizer, trainer, reps)
+    groups = await bench.lengths(eos)
+    median_len = float(np.median([x for g in groups for x in g]))
+    prompt_tokens = float(np.mean([len(tokenizer.encode(p.prompt)) for p in bench.prompts]))
+    rollout = {"workers": bench.workers, "slots": bench.slots, "length_groups": groups,
+               "prompt_tokens": prompt_tokens, **await bench.decode(median_len),
+               "handoff": await bench.handoff(), "reward_s": await bench.reward()}
+    batches = 6 + 2 * reps
+    await bench.train(groups, prompt_tokens, 2, busy=False)  # compiles
+    trainer_cal = {"alone": await bench.train(groups, prompt_tokens, batches, busy=False)}
+    interference = {"train_beside_rollout": 1.0, "rollout_beside_train": 1.0}
+    if place.client_cpus is not None:  # async: trainer and client share this process
+      beside = await bench.train(groups, prompt_tokens, batches, busy=True)
+      trainer_cal["beside_rollout"] = beside
+      interference = {
+          "train_beside_rollout": max(_median(beside["raw_seconds"])
+                                      / _median(trainer_cal["alone"]["raw_seconds"]), 1.0),
+          "rollout_beside_train": await bench.rollout_beside_train(groups, prompt_tokens,
+                                                                   median_len)}
+  return {"rollout": rollout, "trainer": trainer_cal, "interference": interference}
+
+
+def measure(config_path: str, layout_name: str, reps: int, log_dir: str) -> dict[str, Any]:
+  """Runs in its own process: places itself like `controller.run`, then measures."""
+  config = load_config(config_path, mode=layout_name,
+                       async_ratio=0 if layout_name == "sync" else 1)
+  cores = sorted(os.sched_getaffinity(0))
+  place = layout(config, cores)
+  from flashrl_jax.fleet import LocalServers
+  r = config.rollout
+  servers = LocalServers.start(
+      config.model_path, r.num_servers, cpu_sets=place.server_cpus, log_dir=log_dir,
+      extra_args=(f"--max_running_requests={r.max_running_requests}",
+                  f"--context_length={config.train.batch.row_length}", "--weight_version=0"))
+  with servers:
+    os.sched_setaffinity(0, place.train_cpus)  # before JAX starts its thread pool, as the run
+    from flashrl_jax.model import read_config
+    from flashrl_jax.trainer import MeshConfig, Trainer, make_mesh
+    trainer = Trainer(read_config(config.model_path), config.train,
+                      make_mesh(MeshConfig.parse(config.mesh)), seed=config.seed,
+                      init_params=config.model_path)
+    result = asyncio.run(_measure(config, place, servers.urls, trainer, reps))
+  os.sched_setaffinity(0, cores)
+  return {"config": config_path, "layout": layout_name, "placement": dataclasses.asdict(place),
+          **result}
+
+
+def calibrate(config_path: str, layout_name: str, *, reps: int = 2,
+              log_dir: str | None = None) -> dict[str, Any]:
+  """The calibration of `config_path` in the `sync` or `async` layout, measured in a fresh
+  process (as a run is one), with the load probe around it; JSON-ready."""
+  log_dir = log_dir or tempfile.mkdtemp(prefix="calib_")
+  os.makedirs(log_dir, exist_ok=True)
+  out = os.path.join(log_dir, "calibration.json")
+  cmd = [sys.executable, "-m", "experiments._calibration", f"--config={config_path}",
+         f"--layout={layout_name}", f"--reps={reps}", f"--out={out}", f"--server_logs={log_dir}"]
+  before = probe()
+  start = time.perf_counter()
+  proc = subprocess.run(cmd, capture_output=True, text=True,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  wall = time.perf_counter() - start
+  after = probe()
+  if proc.returncode:
+    raise RuntimeError(f"calibration failed:\n{proc.stderr[-3000:]}")
+  with open(out) as f:
+    result = json.load(f)
+  return {**result, "probe_s": (before["probe_s"] + after["probe_s"]) / 2,
+          "loadavg": [before["loadavg"], after["loadavg"]], "wall_s": wall}
+
+
+def main() -> None:
+  from absl import app, flags
+  flags.DEFINE_string("config", None, "Run config file.", required=True)
+  flags.DEFINE_enum("layout", "async", ["sync", "async"], "Core layout of the run to calibrate.")
+  flags.DEFINE_integer("reps", 2, "Repetitions of each microbenchmark point.")
+  flags.DEFINE_string("out", None, "Output JSON.", required=True)
+  flags.DEFINE_string("server_logs", None, "Server logs directory (default: a temp dir).")
+
+  def run(argv):
+    del argv
+    f = flags.FLAGS
+    result = measure(f.config, f.layout, f.reps, f.server_logs or tempfile.mkdtemp(prefix="calib_"))
+    with open(f.out, "w") as out:
+      json.dump(result, out, indent=1)
+  app.run(run)
+
+
+if __name__ == "__main__":
+  main()
