@@ -13,7 +13,7 @@ worker threads on the trainer's), and measures:
   `a`) and the per-request latency that does not (the intercept's intercept);
 - response lengths: the initial policy on prompts of the task that the runs never draw (same
   sampling), kept as groups (`scheduling.EmpiricalLengths`);
-- the weight handoff (`Supervisor.handoff`, the run's pause mode), with idle servers (what a sync
+- the weight handoff (`Fleet.publish`, the run's pause mode), with idle servers (what a sync
   run's publish meets) and with every slot decoding (an async run's);
 - the train step and the HF export (`Trainer.update`, `VersionStore.export`) on batches drawn from
   those lengths, as a function of trained tokens, with the servers idle;
@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import importlib.util
 import json
 import os
 import statistics
@@ -46,17 +45,15 @@ from typing import Any
 
 import numpy as np
 
-from flashrl_jax.controller import Mode, RunConfig
+from flashrl_jax.controller import RunConfig
 
 _PROBE_N = 300_000  # ~20-40 ms of pure-Python work on an idle core of this machine
 
 
 def load_config(path: str, **changes) -> RunConfig:
-  """`get_config()` of a config file, with `changes` applied (mode, async_ratio, ...)."""
-  spec = importlib.util.spec_from_file_location("_calibrated_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config().replace(**changes)
+  """`get_config()` of a config file (as `experiments.train` reads it), with `changes` applied."""
+  from experiments._cli import load_config_file
+  return load_config_file(path).replace(**changes)
 
 
 def probe(reps: int = 5) -> dict[str, Any]:
@@ -80,10 +77,10 @@ def probe(reps: int = 5) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-  """Where a run's processes go (as `controller.run` places them on CPU)."""
+  """Where a run's processes go: `controller.plan_placement`'s CPU plan, and the workers it makes."""
 
   server_cpus: tuple[tuple[int, ...], ...]  # per server
-  client_cpus: tuple[int, ...] | None       # the controller's event loop (None: unpinned)
+  client_cpus: tuple[int, ...] | None       # the controller's event loop (None: with the trainer)
   train_cpus: tuple[int, ...]
 
   @property
@@ -93,17 +90,11 @@ class Layout:
 
 
 def layout(config: RunConfig, cores: list[int]) -> Layout:
-  from flashrl_jax.fleet import split_cpus
-  if config.mode is Mode.ASYNC:
-    rollout, train = config.resources.cpu_split(cores)
-    client = tuple(rollout)
-  else:
-    rollout = train = cores
-    client = None
-  k = config.rollout.num_servers
-  per = (split_cpus(k, rollout) if k <= len(rollout)
-         else [[rollout[i % len(rollout)]] for i in range(k)])
-  return Layout(tuple(tuple(c) for c in per), client, tuple(train))
+  from flashrl_jax.controller import plan_placement
+  plan = plan_placement(config, cores)
+  if plan.server_cpus is None or plan.trainer_cpus is None:
+    raise ValueError("calibration needs local rollout servers on CPU")
+  return Layout(tuple(plan.server_cpus), plan.controller_cpus, tuple(plan.trainer_cpus))
 
 
 def _median(values) -> float:
@@ -125,10 +116,10 @@ def _nondecreasing(values: list[float], floor: float = 1e-6) -> list[float]:
 class _Bench:
   """The measurements, inside the calibration process's event loop."""
 
-  def __init__(self, config: RunConfig, place: Layout, client, tokenizer, trainer, reps: int):
+  def __init__(self, config: RunConfig, place: Layout, fleet, tokenizer, trainer, reps: int):
     from flashrl_jax import envs
     from flashrl_jax.controller import PromptSource
-    self.config, self.place, self.client, self.reps = config, place, client, reps
+    self.config, self.place, self.fleet, self.reps = config, place, fleet, reps
     self.tokenizer, self.trainer = tokenizer, trainer
     self.reward_fn = envs.make_reward_fn(envs.RewardConfig(kind=config.task.reward))
     source = PromptSource(synthetic=config.task.synthetic, seed=config.task.seed + 7_777)
@@ -141,7 +132,7 @@ class _Bench:
     """One request as `GroupRunner` makes it: generate, decode, reward."""
     sample = self.prompts[self._count % len(self.prompts)]
     self._count += 1
-    result = await self.client.generate(self.tokenizer.encode(sample.prompt), sampling)
+    result = await self.fleet.generate(self.tokenizer.encode(sample.prompt), sampling)
     await self.reward_fn(sample.prompt, self.tokenizer.decode(result.output_ids), sample)
     return len(result.output_ids)
 
@@ -192,19 +183,16 @@ class _Bench:
             "decode_tokens": [l1, l2], "raw": {f"{a}x{t}": v for (a, t), v in walls.items()}}
 
   async def handoff(self) -> dict[str, dict[str, float]]:
-    from flashrl_jax.fleet import Supervisor
-    path, mode = self.config.model_path, self.config.rollout.pause_mode
-    supervisor = Supervisor(self.client, servers=None, counters={},
-                            current_version=lambda: (path, 0))
+    """`Fleet.publish` (the run's pause mode) of the initial weights as new versions."""
+    path = self.config.model_path
     busy, idle = [], []
-    async with supervisor:
-      for version in range(1, self.reps + 2):
-        idle.append(await supervisor.handoff(path, 2 * version, mode))
-        load = asyncio.create_task(self.batch(self.slots * self.workers,
-                                              self.config.rollout.max_new_tokens))
-        await asyncio.sleep(0.2)
-        busy.append(await supervisor.handoff(path, 2 * version + 1, mode))
-        await load
+    for version in range(1, self.reps + 2):
+      idle.append(await self.fleet.publish(path, 2 * version))
+      load = asyncio.create_task(self.batch(self.slots * self.workers,
+                                            self.config.rollout.max_new_tokens))
+      await asyncio.sleep(0.2)
+      busy.append(await self.fleet.publish(path, 2 * version + 1))
+      await load
     return {name: {k.split("/")[1]: _median([h[k] for h in hs[1:]]) for k in hs[0]}
             for name, hs in (("busy", busy), ("idle", idle))}
 
@@ -299,7 +287,7 @@ class _Bench:
 
 async def _measure(config: RunConfig, place: Layout, urls: list[str], trainer, reps: int
                    ) -> dict[str, Any]:
-  from flashrl_jax.fleet import RolloutClient
+  from flashrl_jax.fleet import Fleet, RolloutClient
   from flashrl_jax.model import load_tokenizer
   if place.client_cpus is not None:  # as `controller.run`: worker threads on the trainer's cores
     asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(
@@ -309,9 +297,10 @@ async def _measure(config: RunConfig, place: Layout, urls: list[str], trainer, r
   tokenizer = load_tokenizer(config.model_path)
   model = trainer.model_config
   eos = tuple(sorted({i for i in [tokenizer.eos_token_id, *model.eos_token_ids] if i is not None}))
-  async with RolloutClient(urls, vocab_size=model.vocab_size, request_timeout_s=600) as client:
-    await client.wait_healthy(timeout_s=300)
-    bench = _Bench(config, place, client, tokenizer, trainer, reps)
+  client = RolloutClient(urls, vocab_size=model.vocab_size, request_timeout_s=600)
+  async with Fleet(client, pause_mode=config.rollout.pause_mode) as fleet:
+    await fleet.wait_healthy(timeout_s=300)
+    bench = _Bench(config, place, fleet, tokenizer, trainer, reps)
     groups = await bench.lengths(eos)
     median_len = float(np.median([x for g in groups for x in g]))
     prompt_tokens = float(np.mean([len(tokenizer.encode(p.prompt)) for p in bench.prompts]))

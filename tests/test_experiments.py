@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from experiments import _mechanisms as mech
-from experiments import _runs, _simcheck, _summary, plots
+from experiments import _runs, _summary, plots
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -147,40 +147,6 @@ def test_a_misspelt_sweep_field_fails_before_any_run(tmp_path):
   with pytest.raises(ValueError, match="num_servers"):
     _runs.run_or_print(specs, str(tmp_path), dry_run=True)
   assert not os.listdir(tmp_path)
-
-
-def run_dir(tmp_path, mode: str, servers: int, rollout_devices: int, cores: int = 2) -> str:
-  workdir = str(tmp_path / mode)
-  os.makedirs(workdir)
-  config = {"mode": mode, "async_ratio": 2 if mode == "async" else 0, "batch_size": 8,
-            "group_size": 4, "rollout": {"num_servers": servers, "max_running_requests": 16},
-            "resources": {"rollout_devices": rollout_devices, "train_devices": 1}}
-  info = {"prompt_tokens_mean": 14.2, "max_new_tokens": 60, "pause_mode": "abort",
-          "cores": cores}
-  for name, obj in (("config.json", config), ("run_info.json", info)):
-    with open(os.path.join(workdir, name), "w") as f:
-      json.dump(obj, f)
-  return workdir
-
-
-def test_sim_calibration_scales_decode_by_core_sharing(tmp_path):
-  decode = {"decode": {"active": [1, 16], "step_s": [0.01, 0.02]}, "prefill_s_per_token": 1e-4}
-  a = _simcheck.calibration(run_dir(tmp_path, "async", 2, 1), decode, warmup=4)
-  assert a["decode"]["step_s"] == [0.02, 0.04]  # two servers share the one rollout core
-  assert a["prefill_s_per_token"] == pytest.approx(2e-4)
-  assert a["run"]["prompt_tokens"] == 14 and a["warmup_steps"] == 4
-  s = _simcheck.calibration(run_dir(tmp_path, "sync", 2, 1), decode, warmup=2, scale=3.0)
-  assert s["decode"]["step_s"] == [0.03, 0.06]  # a core each in sync; only the fitted scale
-
-
-def test_sim_report_parsing_and_fitted_scale():
-  text = ("simulated: ...\n  samples_per_s: predicted      266.9   measured      131.5\n"
-          "    wait_data_s: predicted    0.07406   measured     0.5539\n"
-          "sim_error_vs_measured: 1.0299\n")
-  report = _simcheck.parse_report(text)
-  assert report["predicted"] == 266.9 and report["measured"] == 131.5
-  assert report["error"] == pytest.approx(1.0299)
-  assert _simcheck.fitted_scale(report) == pytest.approx(0.5539 / 0.07406)
 
 
 class FakeServer:
@@ -310,12 +276,3 @@ def test_cell_rows_list_unfinished_cells_and_saturation(tmp_path):
   assert _summary.saturation_point(list(rows.values()), "samples_per_s_median", 0.99) == 2
 
 
-def test_sim_reports_are_averaged_per_cell():
-  results = [_runs.RunResult(_runs.RunSpec(n, {"mode": "async", "async_ratio": 2}), "", [], {},
-                             True) for n in ("a2_s0", "a2_s1")]
-  rows = [{"cell": "a2"}, {"cell": "sync"}]
-  reports = {"a2_s0": {"predicted": 10.0, "measured": 8.0, "error": 0.25},
-             "a2_s1": {"predicted": 20.0, "measured": 20.0, "error": 0.0}}
-  _simcheck.add_to_rows(rows, results, reports, {"a2_s1": {"error_text": "failed"}})
-  assert rows[0]["sim_predicted"] == 15.0 and rows[0]["sim_error"] == pytest.approx(0.125)
-  assert "simfit_error" not in rows[0] and "sim_error" not in rows[1]
