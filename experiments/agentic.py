@@ -1,17 +1,14 @@
 """Agentic (ROLL Flash §4.3, Fig. 11): env-level async and redundant env rollout vs the
 synchronous lock-step environment loop, with long-tailed environment latency and injected failures.
 
-Two parts, both calling what `flashrl_jax.controller` provides (`_agentic.py`):
-
-  runs       full training runs of `experiments/configs/agentic.py` (multi-turn FrozenLake, the
-             demo's tiny policy on our JAX servers, the real trainer and weight handoff): sync
-             lock-step (n candidates per group), env-level async (n candidates), async + redundant
-             (`--redundant_candidates` per group of n). Environment steps: lognormal latency with
-             a 10x tail, `--fail_slow_prob` steps another 10x slower, `--fail_stop_prob` raise.
-             What the 2 cores measure here includes their contention: generation of the real model
-             competes with everything else on the machine.
-  benchmark  `experiments.benchmarks.agentic_async_vs_sync` (same loops, stub servers with a fixed
-             per-token time, a sleeping trainer): the scheduling effect alone.
+Full training runs of `experiments/configs/agentic.py` (multi-turn FrozenLake, the demo's tiny
+policy on our JAX servers, the real trainer and weight handoff), with what `flashrl_jax.controller`
+provides (`_agentic.py`): sync lock-step (n candidates per group), env-level async (n candidates),
+async + redundant (`--redundant_candidates` per group of n). Environment steps: lognormal latency
+with a 10x tail, `--fail_slow_prob` steps another 10x slower, `--fail_stop_prob` raise. What the 2
+cores measure here includes their contention: generation of the real model competes with
+everything else on the machine. The throughput benchmark with long-tail levels is
+`experiments.benchmarks.agentic_async_vs_sync`.
 
   python -m experiments.agentic --out=runs/agentic     # about 10 min here
 """
@@ -20,10 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import subprocess
-import sys
 
 from absl import app, flags
 
@@ -37,8 +31,6 @@ _REDUNDANT = flags.DEFINE_integer("redundant_candidates", 3,
                                   "Candidates per group in the redundant variant (> n).")
 _SLOW = flags.DEFINE_float("fail_slow_prob", 0.05, "P(an env step takes another 10x).")
 _STOP = flags.DEFINE_float("fail_stop_prob", 0.02, "P(an env step raises).")
-_BENCH = flags.DEFINE_bool("benchmark", True, "Also run the stub-server benchmark.")
-_BENCH_STEPS = flags.DEFINE_integer("benchmark_steps", 4, "Steps per mode in the benchmark.")
 _TIMEOUT = flags.DEFINE_integer("timeout_s", 1800, "Per-run time limit.")
 _RERUN = flags.DEFINE_bool("rerun", False, "Re-run finished runs.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the runs and exit.")
@@ -77,22 +69,6 @@ def dropped(records: list[dict]) -> dict[str, int]:
           if k.startswith("total/episodes_dropped/") and v}
 
 
-def run_benchmark(steps: int, out_dir: str) -> dict:
-  cmd = [sys.executable, "-m", "experiments.benchmarks.agentic_async_vs_sync", f"--steps={steps}",
-         f"--fail_slow_prob={_SLOW.value}", f"--fail_stop_prob={_STOP.value}"]
-  proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ,
-                                                                       JAX_PLATFORMS="cpu"))
-  with open(os.path.join(out_dir, "benchmark.txt"), "w") as f:
-    f.write(" ".join(cmd) + "\n" + proc.stdout + proc.stderr[-3000:])
-  rows = {}
-  for name, eps, steps_s in re.findall(r"^\s*(.+?): +(\S+) episodes/s +(\S+) env-steps/s",
-                                       proc.stdout, re.M):
-    rows[name.strip()] = {"episodes_per_s": float(eps), "env_steps_per_s": float(steps_s)}
-  m = re.search(r"agentic_async_speedup_vs_sync: (\S+)", proc.stdout)
-  return {"command": " ".join(cmd[1:]), "rows": rows,
-          "speedup": float(m.group(1)) if m else None, "rc": proc.returncode}
-
-
 def main(argv):
   del argv
   specs = make_specs(_STEPS.value, _SEEDS.value, _REDUNDANT.value, _SLOW.value, _STOP.value,
@@ -113,9 +89,8 @@ def main(argv):
   for row in rows:
     if base and base.get("samples_per_s_median"):
       row["speedup"] = row["samples_per_s_median"] / base["samples_per_s_median"]
-  bench = run_benchmark(_BENCH_STEPS.value, _OUT.value) if _BENCH.value else None
   table = _summary.write_table(rows, COLUMNS, _OUT.value, "summary",
-                            {"benchmark": bench, "fail_slow_prob": _SLOW.value,
+                            {"fail_slow_prob": _SLOW.value,
                              "fail_stop_prob": _STOP.value,
                              "commands": {s.name: s.command() for s in specs}})
   path = plots.bars_figure([r["variant"] for r in rows],
@@ -127,8 +102,6 @@ def main(argv):
     os.makedirs(_DOCS.value, exist_ok=True)
     shutil.copy(path, os.path.join(_DOCS.value, "agentic.png"))
   print(table)
-  if bench:
-    print(f"benchmark (stub servers): {bench}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ lock-step baseline, and malformed server responses rejected and retried."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 
@@ -17,9 +18,10 @@ from flashrl_jax.controller import (AgenticConfig, AgenticStats, Counters, DropC
                                    collect_lockstep, to_trajectories)
 from flashrl_jax.controller._agentic import LockstepRound, level_seed
 from flashrl_jax.controller._agentic_config import ID_STRIDE
-from flashrl_jax.controller._agentic_episode import env_factory
+from flashrl_jax.controller._agentic_episode import env_factory, level_turns
 from flashrl_jax.fleet import Fleet, PauseMode, RolloutClient, SamplingParams
 from flashrl_jax.model import char_tokenizer
+from flashrl_jax.scheduling import LengthDistribution, LengthLaw
 from flashrl_jax.trainer import BatchConfig, pack
 from tests.rollout_stubs import configure, start_stubs
 
@@ -63,11 +65,12 @@ def unreliable_factory(level_seed: int, candidate: int) -> envs.AsyncEnvironment
   return envs.AsyncEnv(game, GAME.latency, failure)
 
 
-def _runner(fleet, make_env, *, n, candidates, groups=8, max_episodes=0):
+def _runner(fleet, make_env, *, n, candidates, groups=8, max_episodes=0, turn_budget=None):
   deps = EpisodeDeps(fleet=fleet, tokenizer=char_tokenizer(),
                      sampling=SamplingParams(max_new_tokens=6, stop_token_ids=(2,)),
                      make_env=make_env, stats=AgenticStats(),
-                     row_length=640, max_response_length=400, step_timeout_s=10.0)
+                     row_length=1024, max_response_length=800, step_timeout_s=10.0,
+                     turn_budget=turn_budget)
   config = AgenticConfig(env_group_size=candidates, max_episodes_per_group=max_episodes)
   return EnvGroupRunner(deps, config, group_size=n, concurrent_groups=groups, task_seed=7)
 
@@ -110,6 +113,28 @@ def test_episode_is_one_trajectory_with_masked_observations(stubs):
   batch = pack([traj], BatchConfig(row_length=640, rows=1, sequences_per_row=1,
                                    max_response_length=400))
   assert batch.loss_mask.sum() == mask.sum()  # observation tokens are not trained
+
+
+def test_levels_get_long_tail_turn_budgets(stubs):
+  """A turn-budget law gives each level its own length (the same for its candidates), capped by
+  the environment's own limit; the stub's garbage actions never end an episode earlier."""
+  budget = LengthDistribution(LengthLaw.LOGNORMAL, median=3, sigma=0.8, min_len=1, max_len=6)
+  game = dataclasses.replace(GAME, episode=envs.EpisodeConfig(max_turns=5),
+                             latency=envs.LatencyConfig(envs.LatencyKind.CONSTANT, mean_s=0.0))
+
+  async def main():
+    async with _fleet(stubs.urls) as fleet:
+      runner = _runner(fleet, env_factory(game), n=2, candidates=2, turn_budget=budget)
+      return await asyncio.gather(*(runner.run(runner.new_group(i, envs.Sample("", "")))
+                                    for i in range(8)))
+
+  groups = asyncio.run(main())
+  turns = []
+  for g in groups:
+    want = min(level_turns(budget, level_seed(7, g.prompt_index)), 5)
+    assert [r.reward_info["turns"] for r in g.responses] == [want, want]
+    turns.append(want)
+  assert len(set(turns)) > 1  # levels differ in length
 
 
 def test_slow_and_failing_envs_never_stall_env_level_async(stubs):

@@ -1,33 +1,32 @@
-"""Env-level async vs the sync lock-step agentic loop, same servers and env slots, one run.
+"""Env-level async vs the lock-step agentic loop, on real model servers and the real trainer.
 
-Both modes are the real training loop (`Loop`: async driving `EnvGroupRunner`, sync driving the
-lock-step rounds), the real rollout client, real server processes
-and the real weight handoff (pause in abort mode -> load -> continue) after every step. Episodes are
-multi-turn FrozenLake whose environment steps take a long-tailed time (a tool or sandbox call:
-lognormal body, median `--env_median_s`, 5% of steps 10x longer; plus 2% fail-slow steps at another
-10x and 1% fail-stop steps that raise), and whose task lengths vary from 3 to 12 turns (like
-ALFWorld tasks). Generation goes through protocol stub servers with a fixed time to first token
-and a fixed time per token, whatever the batch: that is how a GPU's batched decode behaves up to
-its batch capacity, it keeps two shared CPU cores from being the bottleneck of either mode (our JAX
-server on them would measure CPU contention, not scheduling), and it favours the sync baseline,
-whose whole-batch generation phases are never slowed by their batch size. The trainer is replaced
-by a fixed `--train_s` sleep per step, the same in both modes.
+    python -m experiments.benchmarks.agentic_async_vs_sync [--steps=8] [--warmup_steps=2] [--repeats=1]
 
-Same resources: the same 2 servers and the same number of environment instances at any time
-(`batch_size * group_size`): sync plays B groups of n in lock-step (barrier per turn: generate for
-every live episode and wait, step every environment and wait); async runs at most B groups at once,
-each episode its own task, α = 1. Throughput is trained episodes per second over all steps, ramp-up
-included. The redundant variant (one extra candidate per group) is printed for information.
+Headline: real RL runs (`python -m experiments.train --config=experiments/configs/bench_agentic.py`,
+our JAX engine serving the demo's tiny model in 2 server processes, the real trainer, the real
+weight handoff after every step) in both modes, same cores (sync time-shares both; async gives the
+servers and the controller loop one and the trainer the other), same number of environment
+instances (B groups of n at once). The task is what the paper's agentic tasks look like
+(`bench_agentic.py`): levels whose turn budget follows a long-tail law, environment calls with a
+long-tailed latency, fail-slow and fail-stop calls. Throughput = trained episodes per second over
+the steps after `--warmup_steps` (which carry the JIT compiles), the runs interleaved per repeat.
 
-  python -m experiments.benchmarks.agentic_async_vs_sync [--steps=4]
+Beside it, labelled as such, the same loops with protocol stub servers (a fixed time per token
+whatever the batch) and a trainer that sleeps a fixed time: this isolates the scheduling mechanism
+(lock-step barriers vs per-episode loops) from CPU contention; it is not the headline.
 
-Last line: `agentic_async_speedup_vs_sync: <async episodes/s / sync episodes/s>`.
+Last line: `agentic_async_speedup_vs_sync: <async episodes/s / sync episodes/s, real servers>`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -35,48 +34,52 @@ from absl import app, flags
 
 from flashrl_jax import envs
 from flashrl_jax.controller import (AgenticConfig, AgenticStats, Counters, EnvGroupRunner,
-                                   EpisodeDeps, FixedLevel, Loop, MetricsLogger, Mode,
-                                   PromptSource, RunConfig, TaskConfig)
+                                    EpisodeDeps, FixedLevel, Loop, MetricsLogger, Mode,
+                                    PromptSource, RunConfig, TaskConfig)
 from flashrl_jax.fleet import Fleet, LocalServers, PauseMode, RolloutClient, SamplingParams
 from flashrl_jax.model import char_tokenizer
 from flashrl_jax.testing import stub_server_command
 
-_STEPS = flags.DEFINE_integer("steps", 4, "Training steps per mode.")
-_BATCH = flags.DEFINE_integer("batch_size", 8, "Env groups per step (B).")
-_GROUP = flags.DEFINE_integer("group_size", 4, "Episodes per group (n).")
-_ENV_MEDIAN = flags.DEFINE_float("env_median_s", 0.05, "Median environment step latency.")
-_TOKEN_S = flags.DEFINE_float("token_latency_s", 0.004, "Decode time per token (per request).")
-_TTFT_S = flags.DEFINE_float("ttft_s", 0.02, "Time to first token (per request).")
-_TURN_TOKENS = flags.DEFINE_integer("turn_tokens", 32, "Tokens per model turn.")
-_TRAIN_S = flags.DEFINE_float("train_s", 1.0, "Simulated train step time.")
-_SERVERS = flags.DEFINE_integer("num_servers", 2, "Rollout servers.")
-_SLOW = flags.DEFINE_float("fail_slow_prob", 0.02, "P(an env step takes another 10x).")
-_STOP = flags.DEFINE_float("fail_stop_prob", 0.01, "P(an env step raises).")
+CONFIG = "experiments/configs/bench_agentic.py"
 
-VOCAB = 96  # the char tokenizer's
+_STEPS = flags.DEFINE_integer("steps", 8, "Training steps per real run.")
+_WARMUP = flags.DEFINE_integer("warmup_steps", 2, "Leading steps excluded (compiles).")
+_REPEATS = flags.DEFINE_integer("repeats", 1, "Interleaved repeats of the real sync/async pair.")
+_STUB = flags.DEFINE_bool("stub_row", True, "Also run the stub-server mechanism row.")
+_STUB_STEPS = flags.DEFINE_integer("stub_steps", 4, "Training steps per stub run.")
+_STUB_TRAIN_S = flags.DEFINE_float("stub_train_s", 1.0, "Stub row: the sleeping trainer's step.")
+_STUB_TOKEN_S = flags.DEFINE_float("stub_token_s", 0.004, "Stub row: seconds per token.")
+_OUT = flags.DEFINE_string("out", None, "Directory of the runs (default: a temp dir).")
 
 
-def env_config() -> envs.EnvConfig:
-  return envs.EnvConfig(
-      kind=envs.EnvKind.FROZEN_LAKE,
-      latency=envs.LatencyConfig(kind=envs.LatencyKind.LONG_TAIL, mean_s=_ENV_MEDIAN.value,
-                                 sigma=0.6, tail_prob=0.05, tail_factor=10.0),
-      failure=envs.FailureConfig(slow_prob=_SLOW.value, slow_factor=10.0,
-                                 stop_prob=_STOP.value))
+# --- the headline: real runs ----------------------------------------------------------------------
+
+def real_run(workdir: str, mode: str) -> dict:
+  flags_ = ["--mode=sync"] if mode == "sync" else ["--mode=async"]
+  cmd = [sys.executable, "-m", "experiments.train", f"--config={CONFIG}", f"--workdir={workdir}",
+         f"--steps={_STEPS.value}", "--progress=false", "--plot=false", *flags_]
+  load = os.getloadavg()[0]
+  start = time.perf_counter()
+  proc = subprocess.run(cmd, capture_output=True, text=True)
+  if proc.returncode:
+    raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  timed = records[_WARMUP.value:]
+  seconds = sum(r["time/step_s"] for r in timed)
+  episodes = sum(r["num_samples"] for r in timed)
+  return {"episodes_per_s": episodes / seconds, "episodes": episodes, "seconds": seconds,
+          "train_s": statistics.median(r["time/train_s"] for r in timed),
+          "wait_s": statistics.median(r["time/wait_data_s"] for r in timed),
+          "env_steps": sum(r.get("env_step_s/count", 0) for r in timed),
+          "loadavg": [load, os.getloadavg()[0]], "wall_s": time.perf_counter() - start}
 
 
-def make_env(level_seed: int, candidate: int) -> envs.AsyncEnvironment:
-  """Tasks of 3 to 12 turns (fixed per level), independent latency noise per worker."""
-  del candidate
-  config = env_config()
-  config = dataclasses.replace(config, episode=envs.EpisodeConfig(max_turns=3 + level_seed % 10))
-  return envs.AsyncEnv(FixedLevel(envs.make_env(config), level_seed), config.latency,
-                       config.failure)
-
+# --- beside it: the scheduling mechanism alone (stub servers, sleeping trainer) --------------------
 
 class SleepLearner:
-  """Stands in for `Learner`: a fixed train time per step, the policy version, and one weights
-  directory published as every version (no checkpoints, no evaluation)."""
+  """Stands in for `Learner` in the stub row: a fixed train time per step, the policy version, and
+  one weights directory published as every version."""
 
   def __init__(self, seconds: float, weights: str):
     self.seconds, self.weights, self.policy_version = seconds, weights, 0
@@ -99,23 +102,30 @@ class SleepLearner:
     del step, extra
 
 
-async def measure(urls: list[str], mode: Mode, workdir: str, weights: str, *,
-                  env_group_size: int = 0) -> dict[str, float]:
-  b, n = _BATCH.value, _GROUP.value
-  agentic = AgenticConfig(num_env_groups=b, env_group_size=env_group_size,
-                          turn_max_new_tokens=_TURN_TOKENS.value, env_step_timeout_s=60.0)
-  config = RunConfig(model_path=workdir, workdir=workdir, task=TaskConfig(env=env_config()),
-                     mode=mode, async_ratio=1 if mode is Mode.ASYNC else 0, steps=_STEPS.value,
-                     batch_size=b, group_size=n, agentic=agentic)
-  learner = SleepLearner(_TRAIN_S.value, weights)
-  counters = Counters()
-  client = RolloutClient(urls, request_timeout_s=60.0, vocab_size=VOCAB)
+async def stub_run(urls: list[str], mode: Mode, workdir: str, weights: str) -> dict:
+  """The benchmark config's loops and environments, with stub servers and a sleeping trainer."""
+  from experiments._cli import load_config_file
+  base = load_config_file(CONFIG)
+  config = base.replace(workdir=workdir, mode=mode, steps=_STUB_STEPS.value,
+                        async_ratio=base.async_ratio if mode is Mode.ASYNC else 0)
+  agentic, env = config.agentic, config.task.env
+
+  def make_env(level_seed: int, candidate: int) -> envs.AsyncEnvironment:
+    del candidate
+    return envs.AsyncEnv(FixedLevel(envs.make_env(env), level_seed), env.latency, env.failure)
+
+  learner, counters = SleepLearner(_STUB_TRAIN_S.value, weights), Counters()
+  client = RolloutClient(urls, request_timeout_s=60.0, vocab_size=96)
   async with Fleet(client, pause_mode=PauseMode.ABORT) as fleet:
     deps = EpisodeDeps(fleet=fleet, tokenizer=char_tokenizer(),
-                       sampling=SamplingParams(max_new_tokens=_TURN_TOKENS.value),
-                       make_env=make_env, stats=AgenticStats(counters.episodes), row_length=4096,
-                       max_response_length=3500, step_timeout_s=agentic.env_step_timeout_s)
-    runner = EnvGroupRunner(deps, agentic, group_size=n, concurrent_groups=b)
+                       sampling=SamplingParams(max_new_tokens=agentic.turn_max_new_tokens),
+                       make_env=make_env, stats=AgenticStats(counters.episodes),
+                       row_length=config.train.batch.row_length,
+                       max_response_length=config.train.batch.max_response_length,
+                       step_timeout_s=agentic.env_step_timeout_s, turn_budget=agentic.turn_budget)
+    runner = EnvGroupRunner(deps, agentic, group_size=config.group_size, task_seed=config.task.seed,
+                            concurrent_groups=agentic.groups(config.batch_size, config.async_ratio,
+                                                             mode is Mode.ASYNC))
     logger = MetricsLogger(workdir, tensorboard=False)
     start = time.perf_counter()
     await Loop(config, fleet=fleet, learner=learner,
@@ -123,43 +133,64 @@ async def measure(urls: list[str], mode: Mode, workdir: str, weights: str, *,
                counters=counters, logger=logger).run()
     wall = time.perf_counter() - start
     logger.close()
-  episodes = counters.samples_trained
-  return {"episodes_per_s": episodes / wall, "env_steps_per_s": counters.episodes.env_steps / wall,
-          "wall_s": wall, "episodes": episodes,
-          "dropped": {k.value: v for k, v in counters.episodes.dropped.items() if v}}
+  return {"episodes_per_s": counters.samples_trained / wall, "wall_s": wall,
+          "episodes": counters.samples_trained}
+
+
+def stub_row(out: str) -> dict[str, dict]:
+  weights = tempfile.mkdtemp(prefix="weights_", dir=out)
+  servers = LocalServers.start(
+      "stub", 2, command=stub_server_command(), log_dir=out,
+      extra_args=("--vocab_size=96", "--max_running_requests=512", "--latency_s=0.02",
+                  f"--token_latency_s={_STUB_TOKEN_S.value}"))
+  results = {}
+  with servers:
+    for mode in (Mode.SYNC, Mode.ASYNC):
+      results[mode.value] = asyncio.run(stub_run(servers.urls, mode, f"{out}/stub_{mode.value}",
+                                                 weights))
+  return results
 
 
 def main(argv):
   del argv
-  out = tempfile.mkdtemp(prefix="agentic_bench_")
-  weights = tempfile.mkdtemp(prefix="weights_", dir=out)
-  servers = LocalServers.start(
-      "stub", _SERVERS.value, command=stub_server_command(), log_dir=out,
-      extra_args=(f"--vocab_size={VOCAB}", "--max_running_requests=512",
-                  f"--latency_s={_TTFT_S.value}", f"--token_latency_s={_TOKEN_S.value}"))
-  b, n = _BATCH.value, _GROUP.value
-  print(f"FrozenLake, 3-12 turns, env step lognormal median {_ENV_MEDIAN.value}s (5% x10, "
-        f"{_SLOW.value:.0%} fail-slow x10, {_STOP.value:.0%} fail-stop); "
-        f"{_SERVERS.value} stub servers, "
-        f"{_TTFT_S.value}s + {_TOKEN_S.value}s/token, {_TURN_TOKENS.value} tokens/turn; "
-        f"B={b} groups x n={n}, {b * n} env instances; train {_TRAIN_S.value}s/step; "
-        f"{_STEPS.value} steps per mode", flush=True)
-  results = {}
-  with servers:
-    for name, mode, extra in (("sync lock-step", Mode.SYNC, 0), ("env-level async", Mode.ASYNC, 0),
-                              ("async + redundant", Mode.ASYNC, n + 1)):
-      r = asyncio.run(measure(servers.urls, mode, f"{out}/{name.replace(' ', '_')}", weights,
-                              env_group_size=extra))
-      results[name] = r
-      print(f"{name:>18}: {r['episodes_per_s']:6.2f} episodes/s  {r['env_steps_per_s']:7.1f} "
-            f"env-steps/s  ({r['episodes']} episodes in {r['wall_s']:.1f}s; dropped "
-            f"{r['dropped']})", flush=True)
-  sync, async_ = results["sync lock-step"], results["env-level async"]
-  print(f"env-steps/s ratio: {async_['env_steps_per_s'] / sync['env_steps_per_s']:.2f}; "
-        f"redundant variant ({n + 1} candidates per group of {n}): "
-        f"{results['async + redundant']['episodes_per_s'] / sync['episodes_per_s']:.2f}x sync")
-  print(f"agentic_async_speedup_vs_sync: "
-        f"{async_['episodes_per_s'] / sync['episodes_per_s']:.2f}")
+  out = _OUT.value or tempfile.mkdtemp(prefix="agentic_bench_")
+  os.makedirs(out, exist_ok=True)
+  from experiments._cli import load_config_file
+  config = load_config_file(CONFIG)
+  env, agentic = config.task.env, config.agentic
+  budget = agentic.turn_budget
+  print(f"runs in {out}; {config.task.env.kind.value}, turn budget per level {budget.law.value} "
+        f"median {budget.median:g} (log-std {budget.sigma:g}, {budget.min_len}-{budget.max_len}), "
+        f"env step {env.latency.kind.value} median {env.latency.mean_s:g}s ({env.latency.tail_prob:.0%}"
+        f" x{env.latency.tail_factor:g}), fail-slow {env.failure.slow_prob:.0%} "
+        f"x{env.failure.slow_factor:g}, fail-stop {env.failure.stop_prob:.0%}; B={config.batch_size}"
+        f" groups x n={config.group_size}, {agentic.num_env_groups or config.batch_size} groups at "
+        f"once; {config.rollout.num_servers} JAX servers, real trainer; {_STEPS.value} steps "
+        f"({_WARMUP.value} warm-up), async α={config.async_ratio}", flush=True)
+  real: dict[str, list[dict]] = {"sync": [], "async": []}
+  for repeat in range(_REPEATS.value):
+    for mode in ("sync", "async"):
+      r = real_run(os.path.join(out, f"real_{mode}_{repeat}"), mode)
+      real[mode].append(r)
+      print(f"  real {mode:>5} #{repeat}: {r['episodes_per_s']:6.3f} episodes/s ({r['episodes']} "
+            f"in {r['seconds']:.1f}s; train step {r['train_s']:.2f}s, wait for data "
+            f"{r['wait_s']:.2f}s; load {r['loadavg'][0]:.1f}-{r['loadavg'][1]:.1f})", flush=True)
+  per_repeat = [a["episodes_per_s"] / s["episodes_per_s"]
+                for s, a in zip(real["sync"], real["async"])]
+  headline = statistics.median(per_repeat)
+  rows = {m: statistics.median(r["episodes_per_s"] for r in runs) for m, runs in real.items()}
+  print(f"\n{'setup':<46} {'sync ep/s':>9} {'async ep/s':>10} {'async/sync':>10}")
+  print(f"{'real JAX servers + trainer (headline)':<46} {rows['sync']:>9.3f} {rows['async']:>10.3f} "
+        f"{headline:>10.2f}")
+  if _STUB.value:
+    stub = stub_row(out)
+    ratio = stub["async"]["episodes_per_s"] / stub["sync"]["episodes_per_s"]
+    print(f"{'stub servers + sleeping trainer (mechanism only)':<46} "
+          f"{stub['sync']['episodes_per_s']:>9.3f} {stub['async']['episodes_per_s']:>10.3f} "
+          f"{ratio:>10.2f}")
+  with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump({"real": real, "per_repeat": per_repeat}, f, indent=1)
+  print(f"agentic_async_speedup_vs_sync: {headline:.2f}")
 
 
 if __name__ == "__main__":

@@ -255,7 +255,8 @@ def make_env_runner(config, fleet: Fleet, tokenizer, sampling: SamplingParams,
       sampling=dataclasses.replace(sampling, max_new_tokens=agentic.turn_max_new_tokens),
       make_env=env_factory(config.task.env), stats=AgenticStats(counters.episodes),
       row_length=batch.row_length,
-      max_response_length=batch.max_response_length, step_timeout_s=agentic.env_step_timeout_s)
+      max_response_length=batch.max_response_length, step_timeout_s=agentic.env_step_timeout_s,
+      turn_budget=agentic.turn_budget)
   is_async = config.mode is Mode.ASYNC
   return EnvGroupRunner(deps, agentic, group_size=config.group_size, task_seed=config.task.seed,
                         concurrent_groups=agentic.groups(config.batch_size, config.async_ratio,

@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from flashrl_jax.scheduling import LengthDistribution
+
 # Sample ids of episodes are `prompt_index * ID_STRIDE + candidate`: unique across the run and the
 # same for a re-issued prompt's candidates after a resume (nothing is trained twice).
 ID_STRIDE = 1000
@@ -42,6 +44,9 @@ class AgenticConfig:
       (0: wait forever).
     max_episodes_per_group: candidates a group may start in total, replacements of dropped episodes
       included, before the group fails and its prompt is re-issued. 0 means 2 * env_group_size.
+    turn_budget: the law of the number of turns a level allows (drawn once per level, so every
+      candidate of a group gets the same budget), for tasks whose length varies from one to the
+      next as ALFWorld's or SWE's do; None: the environment's own `max_turns` for every level.
   """
 
   num_env_groups: int = 0
@@ -49,6 +54,7 @@ class AgenticConfig:
   turn_max_new_tokens: int = 16
   env_step_timeout_s: float = 60.0
   max_episodes_per_group: int = 0
+  turn_budget: LengthDistribution | None = None
 
   def __post_init__(self):
     for name in ("num_env_groups", "env_group_size", "max_episodes_per_group"):

@@ -30,6 +30,7 @@ from flashrl_jax.controller._agentic_config import ID_STRIDE, DropCause
 from flashrl_jax.controller._counters import EpisodeCounts
 from flashrl_jax.controller._samples import Group, Response
 from flashrl_jax.fleet import Fleet, GenerationError, RequestRejected, SamplingParams
+from flashrl_jax.scheduling import LengthDistribution
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,14 @@ class EpisodeDeps:
   row_length: int  # prompt + response must fit one packed training row (and the server context)
   max_response_length: int
   step_timeout_s: float = 0.0  # 0: none
+  turn_budget: LengthDistribution | None = None  # turns a level allows (None: the env's own)
+
+
+def level_turns(budget: LengthDistribution | None, level_seed: int) -> int | None:
+  """The turns level `level_seed` allows, drawn once from `budget` (the same for its candidates)."""
+  if budget is None:
+    return None
+  return int(budget.sample(np.random.default_rng([level_seed, 0x7E57]), 1)[0])
 
 
 class Episode:
@@ -134,6 +143,7 @@ class Episode:
     self.sample_id = group.prompt_index * ID_STRIDE + candidate
     self.env = deps.make_env(level_seed, candidate)
     self._noise_seed = noise_seed(level_seed, candidate)
+    self.max_turns = level_turns(deps.turn_budget, level_seed)
     self.ids: list[int] = []
     self.logp: list[float] = []
     self.versions: list[int] = []
@@ -213,6 +223,9 @@ class Episode:
     if result.done:
       self._end("success" if self.success else
                 "max_turns" if result.info.get("truncated") else "done")
+      return
+    if self.max_turns is not None and self.turns >= self.max_turns:
+      self._end("max_turns")  # the level's own turn budget
       return
     obs = self.deps.tokenizer.encode(f"\n{result.observation}\n")
     if len(obs) >= self._budget():  # no room for the observation and one more turn
