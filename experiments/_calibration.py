@@ -128,10 +128,11 @@ class _Bench:
     self.slots = config.rollout.max_running_requests * config.rollout.num_servers // self.workers
     self._count = 0
 
-  async def one(self, sampling) -> int:
+  async def one(self, sampling, sample=None) -> int:
     """One request as `GroupRunner` makes it: generate, decode, reward."""
-    sample = self.prompts[self._count % len(self.prompts)]
-    self._count += 1
+    if sample is None:
+      sample = self.prompts[self._count % len(self.prompts)]
+      self._count += 1
     result = await self.fleet.generate(self.tokenizer.encode(sample.prompt), sampling)
     await self.reward_fn(sample.prompt, self.tokenizer.decode(result.output_ids), sample)
     return len(result.output_ids)
@@ -144,16 +145,18 @@ class _Bench:
     await asyncio.gather(*(self.one(sampling) for _ in range(a)))
     return time.perf_counter() - start
 
-  async def lengths(self, eos: tuple[int, ...], rounds: int = 4) -> list[list[int]]:
+  async def lengths(self, eos: tuple[int, ...], responses: int = 512) -> list[list[int]]:
+    """~`responses` responses of the initial policy, in groups of n (a tail needs many draws);
+    all queued at once, so the servers' continuous batching gets through them quickly."""
     from flashrl_jax.fleet import SamplingParams
     r = self.config.rollout
     sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature,
                               top_p=r.top_p, stop_token_ids=eos)
-    groups = []
-    for _ in range(rounds):
-      groups += await asyncio.gather(*(
-          asyncio.gather(*(self.one(sampling) for _ in range(self.config.group_size)))
-          for _ in range(self.config.batch_size)))
+    n = self.config.group_size
+    count = max(4 * self.config.batch_size, responses // n)
+    groups = await asyncio.gather(*(  # one prompt per group: its n responses are correlated
+        asyncio.gather(*(self.one(sampling, sample) for _ in range(n)))
+        for sample in self.prompts[:count]))
     return [list(g) for g in groups]
 
   async def decode(self, median_len: float) -> dict[str, Any]:

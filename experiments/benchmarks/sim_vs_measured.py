@@ -35,7 +35,7 @@ from flashrl_jax import sim
 from flashrl_jax.scheduling import EmpiricalLengths
 
 REGIMES = {"balanced": "experiments/configs/bench_rlvr.py",
-           "paper": "experiments/configs/bench_paper.py"}
+           "paper": "experiments/configs/bench_rlvr_longtail.py"}
 
 _REGIMES = flags.DEFINE_list("regimes", ["balanced", "paper"],
                              f"Regimes ({', '.join(REGIMES)}) or config file paths.")
