@@ -103,7 +103,7 @@ class Runner:
     self.params = self.load_params(model_path)
     c = self.config
     spec = logical_spec((None, "kv_heads", None, None),
-                        (num_slots + 1, c.num_kv_heads, context_length, c.head_dim), self.mesh)
+                        (num_slots + 1, c.num_kv_heads, context_length + 1, c.head_dim), self.mesh)
     self._cache_sharding = NamedSharding(self.mesh, spec)
     self._replicated = NamedSharding(self.mesh, P())
     self.cache = self._zero_cache()
@@ -155,8 +155,11 @@ class Runner:
 
   def _zero_cache(self) -> SlotCache:
     c = self.config
+    # One position more than the longest span: a span covering the whole buffer made XLA:CPU copy
+    # the whole (just written, donated) buffer before gathering from it, 6x slower per step at 8
+    # live requests (hidden 256, context 544: 22.9 ms CPU vs 3.6 ms at span 512).
     return SlotCache.zeros(num_layers=c.num_layers, num_slots=self.num_slots,
-                            max_length=self.context_length, num_kv_heads=c.num_kv_heads,
+                            max_length=self.context_length + 1, num_kv_heads=c.num_kv_heads,
                             head_dim=c.head_dim, dtype=self.dtype,
                             place=lambda x: jax.device_put(x, self._cache_sharding
                                                            if x.ndim == 4 else self._replicated))
