@@ -1,6 +1,8 @@
 """The staleness bound as a property: for any interleaving of dispatches, completions (in random
 order) and training steps, every consumed group satisfies t - v <= α, at most (1+α)·B groups are
-ever outstanding, α = 0 consumes only fresh samples, and no prompt is lost or trained twice."""
+ever outstanding, α = 0 consumes only fresh samples, and no prompt is lost or trained twice. When
+the trainer passes the in-flight groups' start versions (as the controller does), it waits for a
+group that would otherwise miss its deadline, and nothing is ever dropped."""
 
 import random
 
@@ -25,8 +27,8 @@ def _complete(g: Group, version_at_start: int) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(alpha=st.integers(0, 4), batch=st.integers(1, 4), seed=st.integers(0, 10_000),
-       steps=st.integers(1, 8))
-def test_staleness_bound_holds_for_random_schedules(alpha, batch, seed, steps):
+       steps=st.integers(1, 8), wait_for_due=st.booleans())
+def test_staleness_bound_holds_for_random_schedules(alpha, batch, seed, steps, wait_for_due):
   rng = random.Random(seed)
   bound = StalenessBound(alpha, batch)
   buffer = SampleBuffer(bound)
@@ -54,7 +56,8 @@ def test_staleness_bound_holds_for_random_schedules(alpha, batch, seed, steps):
       _complete(g, g.dispatched_version)
       buffer.put(g)
     elif action == "train" or not can_dispatch:
-      result = buffer.take(batch, trainer_version)
+      starts = [g.start_version for g in in_flight] if wait_for_due else ()
+      result = buffer.take(batch, trainer_version, starts)
       if result is None:
         continue
       for g in result.stale:
@@ -74,6 +77,8 @@ def test_staleness_bound_holds_for_random_schedules(alpha, batch, seed, steps):
       else:
         published = trainer_version - 1
   assert len(consumed) == len(set(consumed)), "a prompt was trained twice"
+  if wait_for_due:
+    assert not dropped, "a group went stale although the trainer could have waited for it"
   # Every dropped prompt was handed back for re-issue (never silently skipped).
   assert buffer.dropped_stale == len(dropped)
   assert set(dropped) <= set(source.pending_reissue) | set(consumed) | {
@@ -107,6 +112,37 @@ def test_stale_groups_are_dropped_counted_and_returned():
   assert [g.prompt_index for g in result.stale] == [0, 3]
   assert [g.prompt_index for g in result.groups] == [1, 2]
   assert buffer.dropped_stale == 2
+
+
+def _buffered(bound: StalenessBound, starts: list[int]) -> SampleBuffer:
+  buffer = SampleBuffer(bound)
+  for i, v in enumerate(starts):
+    g = _group(i, v)
+    _complete(g, v)
+    buffer.put(g)
+  return buffer
+
+
+def test_earliest_deadline_first_and_waiting_for_a_due_group():
+  bound = StalenessBound(async_ratio=2, batch_size=2)
+  # Completion order 5, 3, 4: the oldest start is consumed first, ties in completion order.
+  result = _buffered(bound, [5, 3, 4, 3]).take(2, trainer_version=5)
+  assert [g.prompt_index for g in result.groups] == [1, 3]
+  # An in-flight group started at 3 is due now (3 + 2 = 5) and the choice holds groups due
+  # later: wait for it rather than let it go stale.
+  buffer = _buffered(bound, [4, 5])
+  assert buffer.take(2, trainer_version=5, in_flight_starts=[3]) is None
+  # Due at 6 with 1 take left before then (the one at 6) holding 2: no need to wait.
+  assert buffer.take(2, trainer_version=5, in_flight_starts=[4]) is not None
+  # Three groups due by 6 in flight: taking two not due until 7 leaves one take (at 6) for three.
+  buffer = _buffered(bound, [5, 5])
+  assert buffer.take(2, trainer_version=5, in_flight_starts=[4, 4, 4]) is None
+  # Waiting cannot help when the choice is already due now: take (the in-flight one goes stale).
+  buffer = _buffered(bound, [3, 3])
+  result = buffer.take(2, trainer_version=5, in_flight_starts=[3])
+  assert [g.prompt_index for g in result.groups] == [0, 1]
+  # Already-stale in-flight groups are not waited for.
+  assert _buffered(bound, [5, 5]).take(2, trainer_version=5, in_flight_starts=[1]) is not None
 
 
 def test_incomplete_group_is_refused():

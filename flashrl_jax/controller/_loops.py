@@ -257,7 +257,8 @@ class Loop:
           while True:
             if dispatch_task.done():
               dispatch_task.result()  # surface a dispatcher crash
-            result = self.buffer.take(cfg.batch_size, self.learner.policy_version)
+            result = self.buffer.take(cfg.batch_size, self.learner.policy_version,
+                                      [g.start_version for g in self.in_flight.values()])
             if result is not None and result.stale:
               self.counters.dropped_stale += len(result.stale)
               for g in result.stale:

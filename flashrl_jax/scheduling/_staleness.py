@@ -4,7 +4,10 @@ Two rules keep asynchronous training stable; they are written here once, and the
 the simulator both run them:
 - consumption: the trainer at version `t` may train on a group whose generation started at version
   `v` only if `t - v <= α`; older groups are dropped (counted, never silently) and their prompts are
-  handed back for re-issue;
+  handed back for re-issue. Complete groups are consumed earliest deadline (`v + α`) first, and the
+  trainer waits for an in-flight group that would otherwise miss its deadline, so a group with a
+  long response is trained on, not dropped and re-issued (which would waste its generation and
+  bias training toward short answers);
 - admission: at most `(1 + α) * B` prompt groups are in flight or buffered, so the generator can run
   at most α steps ahead of the trainer (tighter while the servers lag the trainer: see
   `may_dispatch`). `α = 0` is strictly on-policy.
@@ -16,9 +19,10 @@ controller's groups of scored responses and the simulator's simulated groups ali
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, Sequence, TypeVar
 
 
 class Buffered(Protocol):
@@ -88,7 +92,7 @@ class TakeResult(Generic[G]):
 
 
 class SampleBuffer(Generic[G]):
-  """FIFO of complete groups (in completion order); `take` applies the consumption rule."""
+  """The complete groups, in completion order; `take` applies the consumption rule."""
 
   def __init__(self, bound: StalenessBound):
     self.bound = bound
@@ -113,13 +117,44 @@ class SampleBuffer(Generic[G]):
       self.dropped_stale += len(stale)
     return stale
 
-  def take(self, count: int, trainer_version: int) -> TakeResult[G] | None:
-    """Drops stale groups, then returns the `count` oldest fresh ones, or None if too few remain."""
+  def take(self, count: int, trainer_version: int,
+           in_flight_starts: Sequence[int] = ()) -> TakeResult[G] | None:
+    """Drops stale groups, then returns `count` fresh ones, earliest deadline first; None to wait.
+
+    `in_flight_starts`: the start versions of groups still generating. The trainer waits (None)
+    while taking now would leave some of them, or of the buffered groups, unable to be consumed by
+    their deadline `start + α` (the takes at versions `t+1 .. t+k` hold `k·count` groups) — but only
+    when waiting can help: the choice still holds a group due later than the ones that would miss.
+    Under the admission rule (`may_dispatch`) nothing then goes stale. Without `in_flight_starts`
+    this is earliest-deadline-first over the complete groups, never waiting.
+    """
     stale = self.drop_stale(trainer_version)
     if len(self._groups) < count:
       return TakeResult(groups=[], stale=stale) if stale else None
-    groups = [self._groups.popleft() for _ in range(count)]
+    # Stable sort: equal start versions keep completion order.
+    order = sorted(range(len(self._groups)), key=lambda i: self._groups[i].start_version)
+    chosen = set(order[:count])
+    if in_flight_starts and self._must_wait(
+        [self._groups[i].start_version for i in order[:count]],
+        [self._groups[i].start_version for i in order[count:]], in_flight_starts, count,
+        trainer_version):
+      return TakeResult(groups=[], stale=stale) if stale else None
+    groups = [self._groups[i] for i in order[:count]]
+    self._groups = collections.deque(g for i, g in enumerate(self._groups) if i not in chosen)
     return TakeResult(groups=groups, stale=stale)
+
+  def _must_wait(self, chosen: list[int], rest: list[int], in_flight: Sequence[int], count: int,
+                 trainer_version: int) -> bool:
+    """Whether some deadline `t + k` would be overcommitted after this take, and swapping a chosen
+    group due later than `t + k` for one due by then (once it completes) could fix it."""
+    alpha = self.bound.async_ratio
+    deadlines = sorted(v + alpha for v in (*rest, *in_flight) if v + alpha >= trainer_version)
+    latest_chosen = max(v + alpha for v in chosen)
+    for due_by in range(trainer_version, latest_chosen):
+      k = due_by - trainer_version  # takes left before `due_by` passes: versions t+1 .. t+k
+      if bisect.bisect_right(deadlines, due_by) > k * count:
+        return True
+    return False
 
   def drain_view(self) -> list[G]:
     """The buffered groups, oldest first, without removing them."""
