@@ -89,6 +89,19 @@ def test_existing_version_is_never_overwritten(tmp_path, model):
   assert os.listdir(tmp_path) == [version_dirname(1)]  # No temp dir left behind.
 
 
+def test_durable_export_fsyncs_and_handoff_export_skips_it(tmp_path, model, monkeypatch):
+  synced = []
+  real_fsync = os.fsync
+  monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+  durable = export_version(model, 1, str(tmp_path), config=CONFIG)
+  assert len(synced) >= 4  # each file, the manifest, the version dir, the root
+  synced.clear()
+  handoff = export_version(model, 2, str(tmp_path), config=CONFIG, durable=False)
+  assert not synced
+  # Same files, same checksums: only the crash-durability differs.
+  assert verify_version(handoff)["files"] == verify_version(durable)["files"]
+
+
 def _flip_byte(path):
   file = os.path.join(path, "model.safetensors")
   data = bytearray(open(file, "rb").read())

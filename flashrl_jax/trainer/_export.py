@@ -5,11 +5,14 @@ from an HF directory `<root>/weight_v{version:06d}` (the convention in SGLANG_PR
 things must hold while the trainer keeps publishing versions:
 
 * A reader never sees a half-written version. A version is written into a hidden temp dir in the
-  same root (`.tmp-<pid>-<rand>-weight_v...-<host>`), every file and the dir are fsynced, then
-  one `os.rename` publishes it (atomic on POSIX within a filesystem) and the root is fsynced. Its
-  `manifest.json` (version, step, created time, sha256 and size per file) is written inside the temp
-  dir, so a published version always carries the checksums to verify it by (`verify_version`, in
-  `flashrl_jax.model`, which the rollout server runs before it loads a version).
+  same root (`.tmp-<pid>-<rand>-weight_v...-<host>`), then one `os.rename` publishes it (atomic on
+  POSIX within a filesystem). Its `manifest.json` (version, step, created time, sha256 and size per
+  file) is written inside the temp dir, so a published version always carries the checksums to
+  verify it by (`verify_version`, in `flashrl_jax.model`, which the rollout server runs before it
+  loads a version). `durable=True` also fsyncs every file, the dir and the root, so the version
+  survives a machine crash; a per-step handoff to servers reading the same page cache does not need
+  that (the rename alone is atomic for them; a version torn by a crash fails `verify_version`), and
+  the fsyncs cost tens of ms per step on a busy disk.
 * A version never disappears under a server still loading or serving it. `VersionStore.gc` deletes
   only versions no caller holds (`acquire`/`release` reference counts, kept in the process that owns
   the store), and deletes by renaming to `.trash-...` first, so a listing never shows a torn one.
@@ -75,7 +78,8 @@ def _fsync(path: str) -> None:
 
 
 def _write_version(config: ModelConfig, tensors, version: int, step: int | None,
-                   root_dir: str) -> str:
+                   root_dir: str, durable: bool = True) -> str:
+  sync = _fsync if durable else (lambda path: None)
   final = os.path.join(root_dir, version_dirname(version))
   if os.path.exists(final):
     raise FileExistsError(f"Policy version {version} already exists at {final}; versions are "
@@ -87,7 +91,7 @@ def _write_version(config: ModelConfig, tensors, version: int, step: int | None,
     files = {}
     for name in write_hf_dir(config, tensors, tmp):
       path = os.path.join(tmp, name)
-      _fsync(path)
+      sync(path)
       files[name] = {"sha256": sha256_file(path), "bytes": os.path.getsize(path)}
     now = time.time()
     manifest = {"version": version, "step": step, "created_unix": now,
@@ -95,21 +99,20 @@ def _write_version(config: ModelConfig, tensors, version: int, step: int | None,
                 "files": files}
     with open(os.path.join(tmp, MANIFEST), "w") as f:
       json.dump(manifest, f, indent=1)
-      f.flush()
-      os.fsync(f.fileno())
-    _fsync(tmp)
+    sync(os.path.join(tmp, MANIFEST))
+    sync(tmp)
     if os.path.exists(final):  # A concurrent writer of the same version won; keep theirs.
       raise FileExistsError(f"Policy version {version} appeared at {final} while writing it.")
     os.rename(tmp, final)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
-  _fsync(root_dir)
+  sync(root_dir)
   return final
 
 
 def export_version(state_or_model: Any, version: int, root_dir: str, *, config: ModelConfig,
-                   dtype=None, step: int | None = None) -> str:
+                   dtype=None, step: int | None = None, durable: bool = True) -> str:
   """Publishes the policy as the HF safetensors dir `<root_dir>/weight_v{version:06d}`; returns it.
 
   Args:
@@ -120,6 +123,7 @@ def export_version(state_or_model: Any, version: int, root_dir: str, *, config: 
     config: the model config written to `config.json`.
     dtype: cast the weights to this dtype (e.g. `jnp.bfloat16`); default: as stored.
     step: the trainer step recorded in the manifest.
+    durable: fsync the files, the dir and the root (survives a machine crash; see the module doc).
   """
   version_dirname(version)
   tensors = hf_tensors(config, to_host(_params(state_or_model)), dtype)
@@ -129,7 +133,7 @@ def export_version(state_or_model: Any, version: int, root_dir: str, *, config: 
   if jax.process_index() == 0:
     try:
       os.makedirs(root_dir, exist_ok=True)
-      final = _write_version(config, tensors, version, step, root_dir)
+      final = _write_version(config, tensors, version, step, root_dir, durable)
     except Exception as e:  # pylint: disable=broad-except
       error = e
   if error is not None:
@@ -188,9 +192,9 @@ class VersionStore:
     return versions[-1] if versions else None
 
   def export(self, state_or_model: Any, version: int, *, config: ModelConfig, dtype=None,
-             step: int | None = None) -> str:
+             step: int | None = None, durable: bool = True) -> str:
     return export_version(state_or_model, version, self.root_dir, config=config, dtype=dtype,
-                          step=step)
+                          step=step, durable=durable)
 
   def acquire(self, version: int) -> str:
     """Marks `version` in use (gc keeps it until a matching `release`); returns its path."""
