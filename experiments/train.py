@@ -79,15 +79,9 @@ def apply_flags(config: RunConfig) -> RunConfig:
 def ensure_model(config: RunConfig) -> None:
   """Trains and caches a project warm-start model (demo or benchmark) when the config points at one;
   each is warm-started on its own task's training stream."""
-  from experiments.configs import bench_rlvr, demo
-  from experiments.warmstart import ensure_demo_model, ensure_warmstart
-  path = os.path.normpath(config.model_path)
-  if path == os.path.normpath(demo.DEMO_MODEL_DIR):
-    ensure_demo_model()
-  elif path == os.path.normpath(bench_rlvr.BENCH_MODEL_DIR):
-    ensure_warmstart(bench_rlvr.BENCH_MODEL_DIR, bench_rlvr.bench_task(),
-                     steps=bench_rlvr.BENCH_WARMSTART_STEPS)
-  elif not os.path.exists(os.path.join(config.model_path, "config.json")):
+  from experiments.warmstart import ensure_project_model
+  if not ensure_project_model(config.model_path) and not os.path.exists(
+      os.path.join(config.model_path, "config.json")):
     raise app.UsageError(f"--model_path {config.model_path} is not an HF directory.")
 
 

@@ -143,6 +143,26 @@ def ensure_demo_model(out: str | None = None, progress: bool = True) -> str:
                           steps=getattr(demo, "DEMO_WARMSTART_STEPS", 160), progress=progress)
 
 
+def ensure_project_model(model_path: str) -> bool:
+  """Warm-starts (or finds cached) the project model at `model_path` if it is the demo's or a
+  benchmark's, each on its own task; False for any other path."""
+  from experiments.configs import bench_rlvr, bench_rlvr_longtail, demo
+  path = os.path.normpath(model_path)
+  if path == os.path.normpath(demo.DEMO_MODEL_DIR):
+    ensure_demo_model()
+    return True
+  benches = {  # model dir -> (task it is warm-started on, supervised steps)
+      bench_rlvr.BENCH_MODEL_DIR: (bench_rlvr.bench_task(), bench_rlvr.BENCH_WARMSTART_STEPS),
+      bench_rlvr_longtail.LONGTAIL_MODEL_DIR: (bench_rlvr_longtail.longtail_task(),
+                                               bench_rlvr_longtail.LONGTAIL_WARMSTART_STEPS),
+  }
+  for model_dir, (task, steps) in benches.items():
+    if path == os.path.normpath(model_dir):
+      ensure_warmstart(model_dir, task, steps=steps)
+      return True
+  return False
+
+
 def main(argv):
   del argv
   f = flags.FLAGS

@@ -1,98 +1,235 @@
-"""Async (α = 1, 2, 4) vs sync RL throughput on a long-tail RLVR task, same CPU, one run.
+"""Async (α = 1, 2, 4) vs sync RL throughput on the real system, in two regimes, one invocation.
 
-Each mode is a real `python -m experiments.train` run (rollout server processes + trainer) on the
-benchmark's "repeat" task (`experiments/configs/bench_rlvr.py`: answer lengths lognormal, median 8,
-a step's longest ~100-200 tokens) with a policy warm-started on it, so response lengths follow the
-task. Sync time-shares all cores between generation and training; async splits them (rollout
-cores | trainer core). Throughput is over the steps after `--warmup_steps` (which include
-compilation): trained samples per second (the headline) and trained response tokens per second,
-which differ when async drops long groups for staleness and so trains a shorter mix.
+Every run is a real `python -m experiments.train` (rollout server processes running our JAX engine,
+the real trainer, real weight handoffs) on a warm-started policy, so response lengths are the
+policy's own. Two regimes, each a config file:
+- `longtail` (`experiments/configs/bench_rlvr_longtail.py`): the paper's regime. Its sync run must
+  be rollout-bound (rollout >= 70% of the step) with a heavy tail (longest >= 20x median); both are
+  measured on the sync run itself and printed.
+- `balanced` (`experiments/configs/bench_rlvr.py`): training about half of the sync step, the
+  regime where async has little to win; shown so users see both.
+Sync time-shares all cores between generation and training; async splits the same cores (rollout
+cores + trainer cores, `--async_splits`). Runs are interleaved (each repeat runs every mode of a
+regime back to back, the order reversed on odd repeats) and each row carries the load average
+measured during its run: other jobs share the machine.
 
-  python -m experiments.benchmarks.async_vs_sync [--steps=24] [--warmup_steps=6]
+Throughput is over the steps after `--warmup_steps` (start-up and compilation excluded): trained
+samples/s and trained response tokens/s (they differ when async trains a different length mix).
+The profile columns say where each step's time went: waiting for data, training, export, and the
+handoff (pause + load + resume). With `--repeats > 1`, a mode's speedup is the median of its
+per-repeat ratios to the sync run of the same repeat.
 
-Last line: `async_speedup_vs_sync: <best samples/s ratio over α>`.
+  python -m experiments.benchmarks.async_vs_sync [--repeats=1] [--regimes=longtail,balanced]
+      [--async_ratios=1,2,4] [--async_splits=1+1]
+
+Last lines (paper regime, α = 2 the headline): `sync_rollout_share`, `longest_over_median`,
+`async_speedup_vs_sync_tokens`, `async_speedup_vs_sync`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from absl import app, flags
 
-_CONFIG = flags.DEFINE_string("config", "experiments/configs/bench_rlvr.py", "Run config file.")
-_STEPS = flags.DEFINE_integer("steps", 24, "Training steps per run.")
-_WARMUP = flags.DEFINE_integer("warmup_steps", 6, "Steps excluded from the throughput.")
+_REGIMES = {  # name -> (config module, steps, warm-up steps)
+    "longtail": ("bench_rlvr_longtail", 40, 8),
+    "balanced": ("bench_rlvr", 24, 6),
+}
+HEADLINE_REGIME, HEADLINE_RATIO = "longtail", 2
+
+_REGIME_FLAG = flags.DEFINE_list("regimes", list(_REGIMES), f"Regimes to run, of {list(_REGIMES)}.")
+_REPEATS = flags.DEFINE_integer("repeats", 1, "Interleaved repeats of every run (noise).")
 _RATIOS = flags.DEFINE_list("async_ratios", ["1", "2", "4"], "α values to measure.")
 _SPLITS = flags.DEFINE_list("async_splits", ["1+1"],
                             "rollout+trainer cores for async (2+1 time-shares one core).")
+_STEPS = flags.DEFINE_integer("steps", None, "Steps per run (default: the regime's).")
+_WARMUP = flags.DEFINE_integer("warmup_steps", None, "Steps excluded from throughput (default: "
+                               "the regime's).")
+_EXTRA = flags.DEFINE_list("train_flags", [], "Extra flags for every run (e.g. --seed=1).")
 _OUT = flags.DEFINE_string("out", None, "Directory for the runs (default: a temp dir).")
 
 
-def measured_throughput(workdir: str, warmup: int) -> tuple[float, dict]:
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f if line.strip()]
+@dataclasses.dataclass
+class RunResult:
+  regime: str
+  mode: str  # "sync" or "async α=2 1+1"
+  repeat: int
+  samples_per_s: float
+  tokens_per_s: float
+  load: float  # mean 1-minute load average sampled during the run
+  info: dict
+
+
+class _LoadSampler:
+  """Samples the 1-minute load average every few seconds while a run is going."""
+
+  def __init__(self, period_s: float = 5.0):
+    self.samples: list[float] = []
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._loop, args=(period_s,), daemon=True)
+
+  def _loop(self, period_s: float) -> None:
+    while True:
+      self.samples.append(os.getloadavg()[0])
+      if self._stop.wait(period_s):
+        return
+
+  def __enter__(self) -> "_LoadSampler":
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._stop.set()
+    self._thread.join()
+
+  @property
+  def mean(self) -> float:
+    return statistics.fmean(self.samples) if self.samples else float("nan")
+
+
+def summarize(records: list[dict], warmup: int) -> dict:
+  """Throughput and profile over the steps after `warmup` (per-step means, seconds)."""
   timed = records[warmup:]
-  samples = sum(r["num_samples"] for r in timed)
+  if not timed:
+    raise ValueError(f"only {len(records)} steps: nothing after {warmup} warm-up steps.")
   seconds = sum(r["time/step_s"] for r in timed)
+  samples = sum(r["num_samples"] for r in timed)
   tokens = sum(r["response_length_mean"] * r["num_samples"] for r in timed)
+  mean = lambda key: statistics.fmean(r.get(key, 0.0) for r in timed)
   stale = [int(k) for r in timed for k, n in r["staleness_hist"].items() for _ in range(n)]
-  return samples / seconds, {"samples": samples, "seconds": seconds,
-                             "response_tokens_per_s": tokens / seconds,
-                             "mean_response_length": tokens / samples,
-                             "dropped_stale_groups": sum(r["dropped_stale"] for r in timed),
-                             "reward_mean": sum(r["reward_mean"] for r in timed) / len(timed),
-                             "staleness_max": max(stale) if stale else 0}
+  evals = [r["eval/expected_accuracy"] for r in records if "eval/expected_accuracy" in r]
+  initial = [r["eval/initial_expected_accuracy"] for r in records
+             if "eval/initial_expected_accuracy" in r]
+  rollout = sum(r.get("time/generate_s", 0.0) + r.get("time/reward_s", 0.0) for r in timed)
+  return {
+      "samples_per_s": samples / seconds, "tokens_per_s": tokens / seconds,
+      "steps": len(timed), "step_s": seconds / len(timed),
+      "mean_response_length": tokens / samples,
+      "longest_over_median": statistics.fmean(
+          r["response_length_max"] / max(r.get("response_length_median", 0.0), 1.0) for r in timed),
+      "rollout_share": rollout / seconds,
+      "wait_data_s": mean("time/wait_data_s"), "train_s": mean("time/train_s"),
+      "export_s": mean("time/export_s"),
+      "handoff_s": mean("time/pause_s") + mean("time/load_s") + mean("time/resume_s"),
+      "dropped_stale_groups": sum(r.get("dropped_stale", 0) for r in timed),
+      "staleness_max": max(stale) if stale else 0,
+      "reward_mean": mean("reward_mean"),
+      "eval_initial": initial[0] if initial else None, "eval_final": evals[-1] if evals else None,
+  }
 
 
-def run_mode(out: str, name: str, flags_: list[str]) -> str:
+def run_one(out: str, regime: str, mode: str, repeat: int, flags_: list[str]) -> RunResult:
+  module, default_steps, default_warmup = _REGIMES[regime]
+  config = f"experiments/configs/{module}.py"
+  steps = _STEPS.value or default_steps
+  warmup = default_warmup if _WARMUP.value is None else _WARMUP.value
+  name = f"{regime}_{mode.replace(' ', '_').replace('α=', 'a')}_r{repeat}"
   workdir = os.path.join(out, name)
-  cmd = [sys.executable, "-m", "experiments.train", f"--config={_CONFIG.value}",
-         f"--workdir={workdir}", f"--steps={_STEPS.value}", "--progress=false", "--plot=false",
-         *flags_]
+  cmd = [sys.executable, "-m", "experiments.train", f"--config={config}", f"--workdir={workdir}",
+         f"--steps={steps}", f"--eval_every={steps}", "--progress=false", "--plot=false",
+         *flags_, *_EXTRA.value]
   start = time.time()
-  proc = subprocess.run(cmd, capture_output=True, text=True)
+  with _LoadSampler() as load:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
   if proc.returncode != 0:
-    raise RuntimeError(f"{name} failed:\n{proc.stderr[-3000:]}")
-  print(f"  {name}: finished in {time.time() - start:.0f}s", flush=True)
-  return workdir
+    raise RuntimeError(f"{name} failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    info = summarize([json.loads(line) for line in f if line.strip()], warmup)
+  print(f"  {name}: {time.time() - start:.0f}s, {info['samples_per_s']:.1f} samples/s, "
+        f"load {load.mean:.1f}", flush=True)
+  return RunResult(regime, mode, repeat, info["samples_per_s"], info["tokens_per_s"], load.mean,
+                   info)
+
+
+def modes() -> list[tuple[str, list[str]]]:
+  out = [("sync", ["--mode=sync", "--async_ratio=0"])]
+  for split in _SPLITS.value:
+    rollout, train = split.split("+")
+    for ratio in _RATIOS.value:
+      out.append((f"async α={ratio} {split}", ["--mode=async", f"--async_ratio={ratio}",
+                                                f"--rollout_devices={rollout}",
+                                                f"--train_devices={train}"]))
+  return out
+
+
+def _ratio(results: list[RunResult], regime: str, mode: str, attr: str) -> float:
+  """Median over repeats of (mode / sync of the same repeat)."""
+  by_repeat = {r.repeat: r for r in results if r.regime == regime and r.mode == "sync"}
+  ratios = [getattr(r, attr) / getattr(by_repeat[r.repeat], attr) for r in results
+            if r.regime == regime and r.mode == mode and r.repeat in by_repeat]
+  return statistics.median(ratios) if ratios else float("nan")
+
+
+def print_tables(results: list[RunResult]) -> None:
+  print(f"\n{'regime':<9} {'mode':<16} {'rep':>3} {'load':>5} {'samples/s':>9} {'x sync':>6} "
+        f"{'tok/s':>7} {'x sync':>6} {'len':>5} {'step s':>6} {'wait':>6} {'train':>6} "
+        f"{'export':>6} {'handoff':>7} {'drop':>4} {'stale':>5} {'acc0':>5} {'acc':>5}")
+  for r in results:
+    i = r.info
+    sync = next(s for s in results if s.regime == r.regime and s.mode == "sync"
+                and s.repeat == r.repeat)
+    acc = lambda v: f"{v:5.3f}" if v is not None else "    -"
+    print(f"{r.regime:<9} {r.mode:<16} {r.repeat:>3} {r.load:>5.1f} {r.samples_per_s:>9.1f} "
+          f"{r.samples_per_s / sync.samples_per_s:>6.2f} {r.tokens_per_s:>7.0f} "
+          f"{r.tokens_per_s / sync.tokens_per_s:>6.2f} {i['mean_response_length']:>5.1f} "
+          f"{i['step_s']:>6.3f} {i['wait_data_s']:>6.3f} {i['train_s']:>6.3f} "
+          f"{i['export_s']:>6.3f} {i['handoff_s']:>7.3f} {i['dropped_stale_groups']:>4d} "
+          f"{i['staleness_max']:>5d} {acc(i['eval_initial'])} {acc(i['eval_final'])}")
+  print("\nsync runs (regime numbers):")
+  for r in results:
+    if r.mode == "sync":
+      print(f"  {r.regime:<9} repeat {r.repeat}: rollout share {r.info['rollout_share']:.2f}, "
+            f"longest / median {r.info['longest_over_median']:.1f}, "
+            f"mean response {r.info['mean_response_length']:.1f} tokens")
+  print("\nspeedup vs sync (median over repeats of per-repeat ratios):")
+  for regime in dict.fromkeys(r.regime for r in results):
+    for mode in dict.fromkeys(r.mode for r in results if r.regime == regime and r.mode != "sync"):
+      print(f"  {regime:<9} {mode:<16} samples/s {_ratio(results, regime, mode, 'samples_per_s'):.2f}"
+            f"x  response tokens/s {_ratio(results, regime, mode, 'tokens_per_s'):.2f}x")
 
 
 def main(argv):
   del argv
-  from experiments.configs.bench_rlvr import BENCH_MODEL_DIR, BENCH_WARMSTART_STEPS, bench_task
-  from experiments.warmstart import ensure_warmstart
-  ensure_warmstart(BENCH_MODEL_DIR, steps=BENCH_WARMSTART_STEPS, task=bench_task())
+  from experiments.warmstart import ensure_project_model
+  regimes = _REGIME_FLAG.value
+  for regime in regimes:
+    if regime not in _REGIMES:
+      raise app.UsageError(f"unknown regime {regime!r}; choose from {list(_REGIMES)}.")
+    module = importlib.import_module(f"experiments.configs.{_REGIMES[regime][0]}")
+    ensure_project_model(module.get_config().model_path)
   out = _OUT.value or tempfile.mkdtemp(prefix="async_vs_sync_")
-  print(f"runs in {out} ({os.cpu_count()} cores)", flush=True)
-  results = {}
-  sync_dir = run_mode(out, "sync", ["--mode=sync"])
-  results["sync"] = measured_throughput(sync_dir, _WARMUP.value)
-  for split in _SPLITS.value:
-    rollout, train = split.split("+")
-    for ratio in _RATIOS.value:
-      name = f"async α={ratio} {split}"
-      workdir = run_mode(out, f"async_a{ratio}_{rollout}r{train}t", [
-          "--mode=async", f"--async_ratio={ratio}", f"--rollout_devices={rollout}",
-          f"--train_devices={train}"])
-      results[name] = measured_throughput(workdir, _WARMUP.value)
-  base = results["sync"][0]
-  base_tokens = results["sync"][1]["response_tokens_per_s"]
-  print(f"\n{'mode':<18} {'samples/s':>10} {'speedup':>8} {'resp tok/s':>10} {'speedup':>8} "
-        f"{'mean len':>8} {'dropped':>7} {'reward':>7} {'max stale':>9}")
-  for name, (sps, info) in results.items():
-    tps = info["response_tokens_per_s"]
-    print(f"{name:<18} {sps:>10.2f} {sps / base:>8.2f} {tps:>10.0f} {tps / base_tokens:>8.2f} "
-          f"{info['mean_response_length']:>8.1f} {info['dropped_stale_groups']:>7d} "
-          f"{info['reward_mean']:>7.3f} {info['staleness_max']:>9d}")
-  best = max(sps for name, (sps, _) in results.items() if name != "sync")
+  print(f"runs in {out} ({os.cpu_count()} cores, load now {os.getloadavg()[0]:.1f})", flush=True)
+  results: list[RunResult] = []
+  for repeat in range(_REPEATS.value):
+    for regime in regimes:
+      order = modes() if repeat % 2 == 0 else list(reversed(modes()))
+      for mode, mode_flags in order:
+        results.append(run_one(out, regime, mode, repeat, mode_flags))
+  results.sort(key=lambda r: (regimes.index(r.regime), r.repeat, r.mode != "sync", r.mode))
+  print_tables(results)
   with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump({k: {"samples_per_s": v[0], **v[1]} for k, v in results.items()}, f, indent=1)
-  print(f"async_speedup_vs_sync: {best / base:.2f}")
+    json.dump([dataclasses.asdict(r) for r in results], f, indent=1)
+  if HEADLINE_REGIME in regimes:
+    syncs = [r for r in results if r.regime == HEADLINE_REGIME and r.mode == "sync"]
+    headline = next((m for m, _ in modes() if m.startswith(f"async α={HEADLINE_RATIO} ")), None)
+    print(f"sync_rollout_share: {statistics.median(r.info['rollout_share'] for r in syncs):.2f}")
+    print(f"longest_over_median: "
+          f"{statistics.median(r.info['longest_over_median'] for r in syncs):.1f}")
+    if headline is not None:
+      print(f"async_speedup_vs_sync_tokens: "
+            f"{_ratio(results, HEADLINE_REGIME, headline, 'tokens_per_s'):.2f}")
+      print(f"async_speedup_vs_sync: "
+            f"{_ratio(results, HEADLINE_REGIME, headline, 'samples_per_s'):.2f}")
 
 
 if __name__ == "__main__":

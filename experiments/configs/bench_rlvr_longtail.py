@@ -1,0 +1,55 @@
+"""The async-vs-sync benchmark in the paper's regime: a rollout-bound step set by a heavy tail.
+
+ROLL Flash's synchronous steps spend >= 70% of their time in rollout, and a step's longest response
+is 20-30x its median (RollPacker measures the same kind of runs: rollout 66-72% of the step, longest
+25-32x median). Both numbers are measured by `experiments.benchmarks.async_vs_sync` on this
+config's sync run; this docstring says why the config produces them on a 2-core CPU.
+
+Why this shape:
+- The model is the demo's tiny Qwen3 (hidden 64, 2 layers). Its decode step is dominated by fixed
+  per-step cost: a step serving 1-4 requests costs ~0.35 ms of CPU, one serving 32 ~0.9 ms, so a
+  server left with the last long responses of a sync batch does a few percent of the work it could.
+  A bigger model is *less* rollout-bound on a CPU: its decode is compute-bound (a step of 32 costs
+  ~4x a step of 1 at hidden 256) while one training token costs the same as a fraction of a decode
+  step at every size, so training would dominate the sync step.
+- Training cost grows with the tokens of the batch; sync rollout time with the *longest* response.
+  One tail decode step costs about as much as training 10-15 tokens, so the step is rollout-bound
+  only when the longest response is several times longer than a batch's tokens divided by ~10:
+  few samples per step (B = 4 prompts x n = 4 responses) and a heavy tail (lognormal, median 12,
+  log-std 1.8, clipped at 360; the longest of 16 draws is ~20x the median).
+- The policy is warm-started on that distribution (as the balanced bench's is on its own), so the
+  lengths are the policy's own: real generation, real training on every sample, an exact-match
+  reward it can learn (short and medium answers are often right; long ones rarely are).
+- Training shapes: rows of 384 tokens (the longest prompt + response), 2 rows per micro-batch; a
+  step with more tokens than 768 uses 2 or 4 micro-batches (each count compiles once), so the
+  trainer pays for the tokens it gets, not for the worst step's.
+"""
+
+import dataclasses
+
+from experiments.configs import demo
+from flashrl_jax import envs
+from flashrl_jax.trainer import BatchConfig
+
+LONGTAIL_MODEL_DIR = ".cache/bench_longtail_model"
+LONGTAIL_WARMSTART_STEPS = 400
+MAX_ANSWER = 360
+
+
+def longtail_task() -> envs.SyntheticConfig:
+  return envs.SyntheticConfig(
+      task=envs.SyntheticTask.REPEAT,
+      lengths=envs.LengthDistribution(law=envs.LengthLaw.LOGNORMAL, median=12, sigma=1.8,
+                                      min_len=1, max_len=MAX_ANSWER))
+
+
+def get_config():
+  config = demo.get_config()
+  return dataclasses.replace(
+      config, model_path=LONGTAIL_MODEL_DIR, workdir="runs/bench_rlvr_longtail", batch_size=4,
+      group_size=4, steps=40, eval_every=0,
+      task=dataclasses.replace(config.task, synthetic=longtail_task()),
+      train=config.train.replace(batch=BatchConfig(row_length=384, rows=2, sequences_per_row=16,
+                                                   max_response_length=MAX_ANSWER + 8)),
+      rollout=dataclasses.replace(config.rollout, pause_mode="in_place", max_running_requests=16,
+                                  max_new_tokens=MAX_ANSWER + 8))
