@@ -20,6 +20,7 @@ def write_hf_checkpoint(path: str, *, seed: int = 0):
   tokenizer = char_tokenizer()
   model.config.eos_token_id = tokenizer.eos_token_id
   model.config.bos_token_id = tokenizer.bos_token_id
+  model.config.max_position_embeddings = 1024  # room for tool schemas, one character a token
   model.save_pretrained(path, safe_serialization=True)
   tokenizer.save(path)
   return model

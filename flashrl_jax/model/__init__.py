@@ -9,11 +9,11 @@ from flashrl_jax.model._layers import ShardFn, no_shard
 from flashrl_jax.model._logprobs import token_logprobs
 from flashrl_jax.model._manifest import (MANIFEST, CorruptVersionError, sha256_file,
                                          verify_version)
-from flashrl_jax.model._tokenizer import Tokenizer, char_tokenizer, load_tokenizer
+from flashrl_jax.model._tokenizer import CHAT_TEMPLATE, Tokenizer, char_tokenizer, load_tokenizer
 
 __all__ = [
-    "MANIFEST", "CorruptVersionError", "Decoder", "Family", "KVCache", "Llama3RopeScaling",
-    "ModelConfig", "ShardFn", "Tokenizer",
+    "CHAT_TEMPLATE", "MANIFEST", "CorruptVersionError", "Decoder", "Family", "KVCache",
+    "Llama3RopeScaling", "ModelConfig", "ShardFn", "Tokenizer",
     "char_tokenizer", "hf_tensors", "load_hf", "load_hf_state", "load_tokenizer", "no_shard",
     "read_config", "save_hf", "sha256_file", "tensor_map", "token_logprobs", "verify_version",
     "write_hf_dir",

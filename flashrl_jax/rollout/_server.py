@@ -20,7 +20,7 @@ import json
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, AsyncIterator, Sequence
 
 from aiohttp import web
 
@@ -29,8 +29,8 @@ from flashrl_jax.fleet import FinishKind, PauseMode
 from flashrl_jax.rollout._request import Output
 from flashrl_jax.rollout._runner import describe
 from flashrl_jax.rollout._sampling import Sampling
-from flashrl_jax.rollout._wire import (BadRequest, GenerateJob, Limits, output_json, parse_generate,
-                                       parse_json)
+from flashrl_jax.rollout._wire import (BadRequest, GenerateItem, GenerateJob, Limits, output_json,
+                                       parse_generate, parse_json)
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,36 @@ def _failure(engine: Engine, outputs: list[Output]) -> web.Response | None:
       500 if engine.alive else 503)
   return _error(f"{len(failed)} of {len(outputs)} sample(s) failed in the engine: "
                 f"{failed[0].error}", status)
+
+
+async def engine_outputs(engine: Engine, items: Sequence[GenerateItem], *, stream: bool
+                         ) -> AsyncIterator[dict[int, Output]]:
+  """Submits `items` (for the OpenAI routes) and yields {index: newest snapshot} as they progress,
+  until all finished (without `stream`, the final snapshots). Whatever still runs when the caller
+  stops (its client went away, or it failed) is aborted, freeing its slot. A refusal raises
+  `BadRequest` (or `EngineShutDown`) before anything is yielded."""
+  loop = asyncio.get_running_loop()
+  updates: asyncio.Queue = asyncio.Queue()
+  on_update = lambda index, out: loop.call_soon_threadsafe(updates.put_nowait, (index, out))
+  job = GenerateJob(items=list(items), batch=True, return_text_in_logprobs=False, stream=stream)
+  submitted = _submit(engine, job, on_update)
+  try:
+    finished: set[int] = set()
+    while len(finished) < len(items):
+      latest = {}
+      index, out = await updates.get()
+      latest[index] = out
+      while not updates.empty():  # coalesce: each snapshot is cumulative, only the newest matters
+        index, out = updates.get_nowait()
+        latest[index] = out
+      done = {i: o for i, o in latest.items() if o.finish is not None}
+      finished.update(done)
+      if stream or done:
+        yield latest if stream else done
+  finally:
+    for r in submitted:
+      if not r.done:
+        engine.abort(r.rid)
 
 
 async def generate(request: web.Request) -> web.StreamResponse:

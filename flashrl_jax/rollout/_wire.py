@@ -275,7 +275,7 @@ def parse_generate(body: Any, *, encode: Callable[[str], list[int]] | None,
                      return_prompt_token_ids=_flag(body, "return_prompt_token_ids"))
 
 
-def _text(out: Output, sampling: Sampling,
+def output_text(out: Output, sampling: Sampling,
           decode: Callable[[Sequence[int], bool], str]) -> str:
   ids = list(out.output_ids)
   finish = out.finish
@@ -332,7 +332,7 @@ def output_json(out: Output, item: GenerateItem, job: GenerateJob,
         meta["input_top_logprobs"] = rows(out.input_top)
   result: dict[str, Any] = {}
   if decode is not None:
-    result["text"] = _text(out, item.sampling, decode)
+    result["text"] = output_text(out, item.sampling, decode)
   result["output_ids"] = list(out.output_ids)
   if job.return_prompt_token_ids:
     result["prompt_token_ids"] = list(out.prompt_ids)

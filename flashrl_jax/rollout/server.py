@@ -23,6 +23,7 @@ from aiohttp import web
 from flashrl_jax.rollout._compiles import DEFAULT_CACHE_DIR, enable_compilation_cache
 from flashrl_jax.rollout._config import EngineConfig
 from flashrl_jax.rollout._engine import Engine
+from flashrl_jax.rollout._openai import add_openai_routes
 from flashrl_jax.rollout._server import build_app
 from flashrl_jax.rollout._wire import Limits
 
@@ -82,7 +83,7 @@ async def _serve(engine: Engine, args: dict) -> None:
   limits = Limits(max_body_bytes=_MAX_BODY.value, max_text_chars=_MAX_TEXT.value,
                   max_n=_MAX_N.value, max_samples=_MAX_SAMPLES.value)
   app = build_app(engine, args, limits=limits, fault_injection=_FAULTS.value)
-  runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+  runner = web.AppRunner(add_openai_routes(app), handler_cancellation=True, access_log=None)
   await runner.setup()
   site = web.TCPSite(runner, _HOST.value, _PORT.value)
   await site.start()
