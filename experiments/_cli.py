@@ -21,6 +21,8 @@ FLAGS: dict[str, tuple[str, str]] = {
     "rollout": ("rollout.backend", "Rollout backend (stub: fake-model protocol servers)."),
     "num_rollout_servers": ("rollout.num_servers", "Local servers (embedded/stub backend)."),
     "sglang_urls": ("rollout.sglang_urls", "SGLang-compatible server URLs (--rollout=sglang)."),
+    "router_url": ("rollout.router_url", "An sglang-router in front of --sglang_urls: generation "
+                   "goes through it, the weight handoff to the workers."),
     "pause_mode": ("rollout.pause_mode", "How generation is suspended around a weight update."),
     "max_new_tokens": ("rollout.max_new_tokens", "Response length cap."),
     "max_running_requests": ("rollout.max_running_requests", "Decode slots per server."),

@@ -35,6 +35,9 @@ class RolloutConfig:
   backend: RolloutBackend = RolloutBackend.EMBEDDED
   num_servers: int = 2
   sglang_urls: tuple[str, ...] = ()
+  # An sglang-router in front of `sglang_urls`: generation goes through it, the weight handoff
+  # (which it does not forward) goes to the workers.
+  router_url: str | None = None
   max_running_requests: int = 16
   max_new_tokens: int = 64
   temperature: float = 1.0
@@ -51,6 +54,9 @@ class RolloutConfig:
       raise ValueError("--rollout=sglang needs --sglang_urls (comma-separated server URLs).")
     if self.backend is not RolloutBackend.SGLANG and self.sglang_urls:
       raise ValueError("--sglang_urls is only used with --rollout=sglang.")
+    if self.router_url and self.backend is not RolloutBackend.SGLANG:
+      raise ValueError("--router_url needs --rollout=sglang and the router's workers in "
+                       "--sglang_urls (the handoff addresses them directly).")
     if self.num_servers < 1 or self.max_running_requests < 1 or self.max_new_tokens < 1:
       raise ValueError("num_servers, max_running_requests and max_new_tokens must be >= 1.")
     if self.pause_mode is PauseMode.RETRACT and self.backend is RolloutBackend.EMBEDDED:

@@ -172,7 +172,7 @@ def _run(config: RunConfig, workdir: str, urls: list[str], servers: LocalServers
           thread_name_prefix="trainer", initializer=os.sched_setaffinity, initargs=(0, train_cores)))
       os.sched_setaffinity(0, placement.controller_cpus)  # this thread only (per-thread affinity)
     client = RolloutClient(urls, request_timeout_s=r.request_timeout_s, max_retries=r.max_retries,
-                           vocab_size=model_config.vocab_size)
+                           vocab_size=model_config.vocab_size, router_url=r.router_url)
     # Restarts dead or hung local servers; publishes skip (and recover) servers that fail.
     pid_file = os.path.join(workdir, "server_pids.json") if servers is not None else None
     async with Fleet(client, pause_mode=r.pause_mode, servers=servers,

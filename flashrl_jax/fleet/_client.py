@@ -74,9 +74,15 @@ class RolloutClient:
                max_retries: int = 3, health_interval_s: float = 5.0,
                vocab_size: int | None = None, health_timeout_s: float = 30.0,
                op_timeout_s: float = 600.0, max_continuations: int = 16,
-               no_server_wait_s: float | None = None):
+               no_server_wait_s: float | None = None, router_url: str | None = None):
+    """`urls` are the workers. With `router_url` (an sglang-router in front of them) generation goes
+    through the router, which balances it, while everything the router does not forward (pause,
+    continue, weight updates, aborts, loads) is addressed to the workers directly."""
     self._pool = ServerPool(urls, health_interval_s=health_interval_s,
                             health_timeout_s=health_timeout_s)
+    self._gen = self._pool if router_url is None else ServerPool(
+        [router_url], health_interval_s=health_interval_s, health_timeout_s=health_timeout_s)
+    self.router_url = None if router_url is None else router_url.rstrip("/")
     self.request_timeout_s, self.max_retries = request_timeout_s, max_retries
     self.vocab_size, self.op_timeout_s = vocab_size, op_timeout_s
     self.max_continuations = max_continuations
@@ -90,9 +96,11 @@ class RolloutClient:
 
   async def start(self) -> RolloutClient:
     await self._pool.start()
+    await self._gen.start()
     return self
 
   async def close(self) -> None:
+    await self._gen.close()
     await self._pool.close()
 
   async def __aenter__(self) -> RolloutClient:
@@ -167,7 +175,7 @@ class RolloutClient:
     errors = []
     for i in range(self.max_retries + 1):
       try:
-        server = await self._pool.pick(tried, self.no_server_wait_s)
+        server = await self._gen.pick(tried, self.no_server_wait_s)
       except AttemptFailed as e:
         errors.append(str(e))
         break
@@ -178,7 +186,7 @@ class RolloutClient:
       self._counts["generate"] += 1
       self._counts["retries"] += int(i > 0)
       try:
-        with self._pool.track(server):
+        with self._gen.track(server):
           out = await self._attempt(server, body, sampling.max_new_tokens)
         server.consecutive_failures = 0
         return out, server, i + 1
@@ -195,8 +203,8 @@ class RolloutClient:
 
   async def _attempt(self, server: Server, body: dict[str, Any],
                      max_new_tokens: int) -> proto.GenerateOutput:
-    status, text = await self._pool.http(server.url, "POST", "/generate", body,
-                                         self.request_timeout_s)
+    status, text = await self._gen.http(server.url, "POST", "/generate", body,
+                                        self.request_timeout_s)
     if status in REJECTED_STATUSES:
       raise RequestRejected(f"{server.url} rejected request {body['rid']} (HTTP {status}): "
                             f"{text[:500]}")
@@ -222,17 +230,17 @@ class RolloutClient:
     self._counts["timeouts" if e.fault is Fault.TIMEOUT else "connection"] += 1
     if e.fault is Fault.TIMEOUT:  # free the slot the hung request may still hold
       self._spawn(self._abort_on(server.url, wire_rid))
-    self._pool.mark_down(server, str(e))
+    self._gen.mark_down(server, str(e))
 
   async def stream(self, input_ids: Sequence[int], sampling: SamplingParams, *,
                    rid: str | None = None) -> AsyncIterator[GenerationResult]:
     """Yields cumulative partial results from one server (no retry or continuation)."""
     rid = rid or uuid.uuid4().hex
-    server = await self._pool.pick(set(), self.no_server_wait_s)
+    server = await self._gen.pick(set(), self.no_server_wait_s)
     body = proto.generate_request(input_ids, sampling, rid, stream=True)
     lines = []
-    with self._pool.track(server):
-      async with self._pool.session().post(server.url + "/generate", json=body) as resp:
+    with self._gen.track(server):
+      async with self._gen.session().post(server.url + "/generate", json=body) as resp:
         if resp.status != 200:
           error = RequestRejected if resp.status in REJECTED_STATUSES else GenerationError
           raise error(f"{server.url}: HTTP {resp.status}: {(await resp.text())[:500]}")
@@ -252,7 +260,7 @@ class RolloutClient:
 
   async def pause(self, mode: PauseMode = PauseMode.ABORT, *,
                   urls: Sequence[str] | None = None) -> dict[str, proto.StatusResult]:
-    self._pool.paused = True
+    self._pool.paused = self._gen.paused = True
     return await self._op("pause_generation", "POST", "/pause_generation", {"mode": mode.value},
                           json_parser(proto.StatusResult.from_json), urls)
 
@@ -260,7 +268,7 @@ class RolloutClient:
                                 ) -> dict[str, proto.StatusResult]:
     out = await self._op("continue_generation", "POST", "/continue_generation", {},
                          json_parser(proto.StatusResult.from_json), urls)
-    self._pool.paused = False
+    self._pool.paused = self._gen.paused = False
     return out
 
   async def update_weights_from_disk(self, model_path: str, version: str | int, *,
@@ -337,10 +345,11 @@ class RolloutClient:
     return await self._pool.fan_out(op, method, path, body, parse, urls, self.op_timeout_s)
 
   async def _abort_on(self, url: str, wire_rid: str) -> None:
-    try:
-      await self._pool.http(url, "POST", "/abort_request", {"rid": wire_rid}, 5.0)
-    except AttemptFailed:
-      pass
+    """Aborts `wire_rid` where it runs; behind a router (which does not forward aborts, nor say
+    which worker it chose) on every worker: rids are unique, so only the one holding it acts."""
+    targets = list(self._pool.servers) if url == self.router_url else [url]
+    await asyncio.gather(*(self._pool.http(u, "POST", "/abort_request", {"rid": wire_rid}, 5.0)
+                           for u in targets), return_exceptions=True)
 
   def _spawn(self, coro) -> None:
     task = asyncio.ensure_future(coro)
