@@ -9,7 +9,9 @@ a `SampleBuffer` and typed `Counters`.
 """
 
 from flashrl_jax.controller._agentic import EnvGroupRunner, collect_lockstep
-from flashrl_jax.controller._agentic_config import AgenticConfig, DropCause
+from flashrl_jax.controller._agent_episode import AgentEpisode, chat_agent
+from flashrl_jax.controller._agent_proxy import AgentProxy
+from flashrl_jax.controller._agentic_config import AgenticConfig, AgentPolicy, DropCause
 from flashrl_jax.controller._agentic_episode import AgenticStats, EpisodeDeps, FixedLevel
 from flashrl_jax.controller._config import (Mode, ResourceConfig, RolloutBackend, RolloutConfig,
                                             RunConfig, TaskConfig)
@@ -27,13 +29,13 @@ from flashrl_jax.controller._samples import Group, Response
 from flashrl_jax.controller._source import PromptSource, task_source
 
 __all__ = [
-    "AgenticConfig", "AgenticStats", "Counters", "DropCause", "EnvGroupRunner", "EpisodeCounts",
-    "OverrideError", "field_type", "override", "parse_assignment",
-    "EpisodeDeps", "FixedLevel", "Group", "GroupRunner", "Learner", "Loop", "MetricsLogger", "Mode",
-    "Placement", "ProgressReporter", "PromptSource", "ResourceConfig", "Response",
-    "RolloutBackend", "RolloutConfig", "RunConfig", "RunSummary", "TaskConfig", "collect_lockstep",
-    "plan_placement", "plot_run", "read_metrics", "run", "step_sample_metrics", "task_source",
-    "to_trajectories",
+    "AgentEpisode", "AgentPolicy", "AgentProxy", "AgenticConfig", "AgenticStats", "Counters",
+    "DropCause", "EnvGroupRunner", "EpisodeCounts", "EpisodeDeps", "FixedLevel", "Group",
+    "GroupRunner", "Learner", "Loop", "MetricsLogger", "Mode", "OverrideError", "Placement",
+    "ProgressReporter", "PromptSource", "ResourceConfig", "Response", "RolloutBackend",
+    "RolloutConfig", "RunConfig", "RunSummary", "TaskConfig", "chat_agent", "collect_lockstep",
+    "field_type", "override", "parse_assignment", "plan_placement", "plot_run", "read_metrics",
+    "run", "step_sample_metrics", "task_source", "to_trajectories",
 ]
 
 

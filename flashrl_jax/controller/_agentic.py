@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from typing import Awaitable, Callable
@@ -28,6 +29,8 @@ from typing import Awaitable, Callable
 import numpy as np
 
 from flashrl_jax import envs
+from flashrl_jax.controller._agent_episode import AgentEpisode, AgentFn, chat_agent
+from flashrl_jax.controller._agent_proxy import AgentProxy
 from flashrl_jax.controller._agentic_config import AgenticConfig, DropCause
 from flashrl_jax.controller._agentic_episode import (AgenticStats, Episode, EpisodeDeps,
                                                      EpisodeDropped, env_factory)
@@ -52,8 +55,11 @@ class EnvGroupRunner:
   """Plays environment groups; `new_group` / `run` / `report` as `GroupRunner`, for the loop."""
 
   def __init__(self, deps: EpisodeDeps, config: AgenticConfig, *, group_size: int,
-               concurrent_groups: int, task_seed: int = 0):
+               concurrent_groups: int, task_seed: int = 0, proxy: AgentProxy | None = None,
+               agent: AgentFn | None = None):
+    """With `proxy`, episodes are played by `agent` code through the OpenAI API (`AgentEpisode`)."""
     self.deps, self.config, self.group_size = deps, config, group_size
+    self.proxy, self.agent = proxy, agent
     self.candidates = config.candidates(group_size)
     self.max_episodes = config.max_episodes(group_size)
     self.task_seed = task_seed
@@ -72,8 +78,11 @@ class EnvGroupRunner:
     """Environment-step latency percentiles since the last report."""
     return self.stats.report()
 
-  def episode(self, group: Group, candidate: int) -> Episode:
-    return Episode(self.deps, group, candidate, level_seed(self.task_seed, group.prompt_index))
+  def episode(self, group: Group, candidate: int) -> Episode | AgentEpisode:
+    seed = level_seed(self.task_seed, group.prompt_index)
+    if self.proxy is not None:
+      return AgentEpisode(self.deps, group, candidate, seed, self.proxy, self.agent)
+    return Episode(self.deps, group, candidate, seed)
 
   async def run(self, group: Group, *, score: bool = True) -> Group:
     """Plays candidates of `group` until n have finished; raises `GroupFailed` if it cannot."""
@@ -246,9 +255,9 @@ async def collect_lockstep(runner: EnvGroupRunner, source: PromptSource, batch_s
 
 
 def make_env_runner(config, fleet: Fleet, tokenizer, sampling: SamplingParams,
-                    counters: Counters) -> EnvGroupRunner:
+                    counters: Counters, proxy: AgentProxy | None = None) -> EnvGroupRunner:
   """The runner of an environment task (`config.task.env`), from the run's typed config; episode
-  counts go to `counters.episodes`."""
+  counts go to `counters.episodes`. `proxy` (for `agentic.policy=openai`) serves the agent code."""
   agentic, batch = config.agentic, config.train.batch
   deps = EpisodeDeps(
       fleet=fleet, tokenizer=tokenizer,
@@ -258,6 +267,8 @@ def make_env_runner(config, fleet: Fleet, tokenizer, sampling: SamplingParams,
       max_response_length=batch.max_response_length, step_timeout_s=agentic.env_step_timeout_s,
       turn_budget=agentic.turn_budget)
   is_async = config.mode is Mode.ASYNC
+  agent = functools.partial(chat_agent, max_tokens=agentic.turn_max_new_tokens)
   return EnvGroupRunner(deps, agentic, group_size=config.group_size, task_seed=config.task.seed,
                         concurrent_groups=agentic.groups(config.batch_size, config.async_ratio,
-                                                         is_async))
+                                                         is_async),
+                        proxy=proxy, agent=agent if proxy is not None else None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from flashrl_jax._enums import parse_enum
 from flashrl_jax.scheduling import LengthDistribution
 
 # Sample ids of episodes are `prompt_index * ID_STRIDE + candidate`: unique across the run and the
@@ -27,6 +28,13 @@ class DropCause(enum.Enum):
   GENERATION = "generation"    # the rollout client ran out of retries
   REJECTED = "rejected"        # a server answered HTTP 400 (the request itself is bad)
   REDUNDANT = "redundant"      # its group (or the step) was complete without it
+
+
+class AgentPolicy(enum.Enum):
+  """Who plays the model's side of an episode."""
+  TOKENS = "tokens"  # the controller's own turn loop over token ids (`Episode`)
+  OPENAI = "openai"  # ordinary agent code through the OpenAI API, recorded by the controller's
+                     # proxy (`AgentEpisode`, async mode only: agent code has no turn barrier)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +55,7 @@ class AgenticConfig:
     turn_budget: the law of the number of turns a level allows (drawn once per level, so every
       candidate of a group gets the same budget), for tasks whose length varies from one to the
       next as ALFWorld's or SWE's do; None: the environment's own `max_turns` for every level.
+    policy: the controller's turn loop, or agent code through the OpenAI API (`AgentPolicy`).
   """
 
   num_env_groups: int = 0
@@ -55,8 +64,10 @@ class AgenticConfig:
   env_step_timeout_s: float = 60.0
   max_episodes_per_group: int = 0
   turn_budget: LengthDistribution | None = None
+  policy: AgentPolicy = AgentPolicy.TOKENS
 
   def __post_init__(self):
+    object.__setattr__(self, "policy", parse_enum(AgentPolicy, self.policy, "policy"))
     for name in ("num_env_groups", "env_group_size", "max_episodes_per_group"):
       if getattr(self, name) < 0:
         raise ValueError(f"AgenticConfig.{name} must be >= 0, got {getattr(self, name)}.")

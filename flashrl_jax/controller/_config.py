@@ -12,7 +12,7 @@ import os
 
 from flashrl_jax import envs
 from flashrl_jax._enums import parse_enum
-from flashrl_jax.controller._agentic_config import AgenticConfig
+from flashrl_jax.controller._agentic_config import AgenticConfig, AgentPolicy
 from flashrl_jax.fleet import PauseMode
 from flashrl_jax.trainer import TrainConfig
 
@@ -174,6 +174,11 @@ class RunConfig:
     if not self.model_path:
       raise ValueError("model_path is required (an HF directory).")
     self.agentic.validate(self.batch_size, self.group_size)
+    if self.agentic.policy is AgentPolicy.OPENAI and (self.task.env is None
+                                                     or self.mode is not Mode.ASYNC):
+      raise ValueError("agentic.policy=openai (agent code through the OpenAI API) needs an "
+                       "environment task and --mode=async (agent code has no turn barrier for "
+                       "the lock-step baseline).")
 
   @property
   def samples_per_step(self) -> int:

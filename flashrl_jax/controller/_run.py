@@ -22,7 +22,9 @@ import time
 from typing import Any, Callable
 
 from flashrl_jax import envs
+from flashrl_jax.controller._agent_proxy import AgentProxy
 from flashrl_jax.controller._agentic import make_env_runner
+from flashrl_jax.controller._agentic_config import AgentPolicy
 from flashrl_jax.controller._config import RolloutBackend, RunConfig
 from flashrl_jax.controller._counters import Counters
 from flashrl_jax.controller._eval import held_out_accuracy
@@ -35,6 +37,7 @@ from flashrl_jax.controller._source import PromptSource, task_source
 from flashrl_jax.fleet import (Fleet, LocalServers, RolloutClient, SamplingParams, reap_orphans,
                                record_pids)
 from flashrl_jax.model import load_tokenizer, read_config
+from flashrl_jax.rollout import ChatTemplate
 from flashrl_jax.testing import stub_server_command
 from flashrl_jax.trainer import (CheckpointConfig, Checkpointer, MeshConfig, Trainer,
                                  VersionStore, make_mesh)
@@ -138,6 +141,18 @@ def _learner(config: RunConfig, workdir: str, model_config, tokenizer,
                  keep_versions=config.keep_versions, evaluator=evaluator)
 
 
+def agent_proxy(config: RunConfig, fleet: Fleet, tokenizer, sampling: SamplingParams
+                ) -> AgentProxy:
+  """The OpenAI endpoint agent code is given (`agentic.policy=openai`), rendering prompts with
+  the policy's own chat template."""
+  template = ChatTemplate.from_model_dir(config.model_path)
+  if template is None:
+    raise ValueError(f"agentic.policy=openai needs a chat template in {config.model_path}"
+                     "/tokenizer_config.json.")
+  return AgentProxy(fleet, tokenizer, template, dataclasses.replace(
+      sampling, max_new_tokens=config.agentic.turn_max_new_tokens))
+
+
 def _run(config: RunConfig, workdir: str, urls: list[str], servers: LocalServers | None,
          placement: Placement, on_step) -> RunSummary:
   tokenizer = load_tokenizer(config.model_path)
@@ -176,10 +191,13 @@ def _run(config: RunConfig, workdir: str, urls: list[str], servers: LocalServers
     # Restarts dead or hung local servers; publishes skip (and recover) servers that fail.
     pid_file = os.path.join(workdir, "server_pids.json") if servers is not None else None
     async with Fleet(client, pause_mode=r.pause_mode, servers=servers,
-                     pid_file=pid_file) as fleet:
+                     pid_file=pid_file) as fleet, contextlib.AsyncExitStack() as stack:
       await fleet.wait_healthy(timeout_s=300)
+      proxy = None
+      if config.task.env is not None and config.agentic.policy is AgentPolicy.OPENAI:
+        proxy = await stack.enter_async_context(agent_proxy(config, fleet, tokenizer, sampling))
       if config.task.env is not None:
-        runner = make_env_runner(config, fleet, tokenizer, sampling, counters)
+        runner = make_env_runner(config, fleet, tokenizer, sampling, counters, proxy)
       else:
         runner = GroupRunner(fleet, reward_fn, tokenizer, sampling, config.group_size)
       await Loop(config, fleet=fleet, learner=learner, source=source, runner=runner,
