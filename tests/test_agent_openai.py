@@ -97,6 +97,7 @@ def test_agent_code_turns_are_recorded_and_assembled(model):
   assert text.startswith("<user>") and text.count("<assistant>") == first.reward_info["turns"]
 
 
+@pytest.mark.slow  # a whole run: server start-up (every shape compiled) + trainer
 def test_agentic_openai_config_trains(tmp_path, model):
   workdir = str(tmp_path / "run")
   cmd = [sys.executable, "-m", "experiments.train",

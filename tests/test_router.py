@@ -3,7 +3,7 @@
 Real processes over loopback: the router balances `/generate` (with log-probs, and streaming) across
 both workers, reads their load from `/get_load`, and passes our responses through unchanged for the
 project's own client to validate. The router does not forward pause/continue/weight updates/aborts,
-so the weight handoff (the supervisor's one implementation) is addressed to the workers while
+so the weight handoff (`Fleet.publish`, the one implementation) is addressed to the workers while
 generation keeps flowing through the router: samples cut by the pause are continued through the
 router and finish on the new weights.
 """
@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from flashrl_jax.fleet import (FinishKind, PauseMode, RolloutClient, SamplingParams, Supervisor,
+from flashrl_jax.fleet import (FinishKind, Fleet, PauseMode, RolloutClient, SamplingParams,
                                free_port)
 from tests.api_servers import start_servers, write_hf_checkpoint
 
@@ -102,26 +102,25 @@ def test_generation_and_streaming_through_the_router_spread_over_workers(fleet):
     assert status == 200 and load["load"] == 0
 
 
+@pytest.mark.slow
 def test_weight_handoff_to_workers_while_generating_through_the_router(fleet):
   router, workers, new = fleet
 
   async def run():
-    async with RolloutClient(workers, router_url=router, vocab_size=96) as client:
-      counters: dict[str, int] = {}
-      sup = Supervisor(client, servers=None, current_version=lambda: ("", 0), counters=counters)
-      async with sup:
-        sampling = SamplingParams(max_new_tokens=LONG, ignore_eos=True)
-        tasks = [asyncio.create_task(client.generate([9, i], sampling)) for i in range(4)]
-        # Hand off once both workers are generating (a tiny model is fast: don't wait for more).
-        while not all(load[0].num_used_tokens > 8 for load in (await client.loads()).values()):
-          assert not any(t.done() for t in tasks), "a sample finished before the handoff"
-          await asyncio.sleep(0.005)
-        await sup.handoff(new, 1, PauseMode.ABORT)
-        results = await asyncio.gather(*tasks)
-        after = await client.generate([3], SamplingParams(max_new_tokens=2))
-      return results, after, await client.model_info(), counters
+    client = RolloutClient(workers, router_url=router, vocab_size=96)
+    async with Fleet(client, pause_mode=PauseMode.ABORT) as fleet:
+      sampling = SamplingParams(max_new_tokens=LONG, ignore_eos=True)
+      tasks = [asyncio.create_task(fleet.generate([9, i], sampling)) for i in range(4)]
+      # Hand off once both workers are generating (a tiny model is fast: don't wait for more).
+      while not all(load[0].num_used_tokens > 8 for load in (await client.loads()).values()):
+        assert not any(t.done() for t in tasks), "a sample finished before the handoff"
+        await asyncio.sleep(0.005)
+      await fleet.publish(new, 1)  # the one handoff: pause -> load -> continue, on the workers
+      results = await asyncio.gather(*tasks)
+      after = await fleet.generate([3], SamplingParams(max_new_tokens=2))
+      return results, after, await client.model_info(), fleet.stats()
 
-  results, after, info, counters = asyncio.run(run())
+  results, after, info, stats = asyncio.run(run())
   for r in results:
     assert len(r.output_ids) == LONG and r.finish_reason is FinishKind.LENGTH
     switch = r.token_versions.index("1") if "1" in r.token_versions else len(r.output_ids)
@@ -130,4 +129,4 @@ def test_weight_handoff_to_workers_while_generating_through_the_router(fleet):
   assert any("1" in r.token_versions and "default" in r.token_versions for r in results)
   assert set(after.token_versions) == {"1"}
   assert {w: i.weight_version for w, i in info.items()} == {w: "1" for w in workers}
-  assert counters["server_failures"] == 0
+  assert stats.server_failures == 0 and stats.version == 1
