@@ -3,7 +3,8 @@
 Why this layout: a decode step runs on the live requests only, wherever their slots are. It names
 them with an index vector (`rows`, padded to a batch bucket with the spare row), gathers just their
 first `span` positions for attention (`span` is a power-of-two bucket of the longest live context),
-and writes each new key/value in place on the donated buffer. So the cost of a step follows the live
+and scatters each new key/value in place on the donated buffer (one scatter per layer: the
+per-row `dynamic_update_slice`s it replaced compiled 2-4x slower at 8-32 rows and ran no faster). So the cost of a step follows the live
 work, and nothing is moved or copied when the live set changes (the old design packed live requests
 into a prefix of the slots, and writing that prefix back copied the whole cache every step).
 
@@ -106,17 +107,13 @@ class DecodeView:
   def write(self, layer: int, k_new: jax.Array, v_new: jax.Array, positions: jax.Array,
             valid: jax.Array) -> "DecodeView":
     """Writes one token per row (`k_new` `[b, 1, K, H]` at `positions` `[b, 1]`). Rows not `valid`
-    are padding: their slot is the spare row, so they write there unguarded."""
+    are padding: their slot is the spare row, so they write there unguarded (in any order)."""
     del valid
     if k_new.shape[1] != 1:
       raise ValueError("DecodeView.write takes one token per row; prefill into a KVCache.")
-    k, v = self.ks[layer], self.vs[layer]
-    for b in range(k_new.shape[0]):
-      row, at = self.rows[b], positions[b, 0]
-      k_row = jnp.transpose(k_new[b], _K_FROM_KH)[None].astype(k.dtype)  # [1, K, 1, H]
-      v_row = jnp.transpose(v_new[b], _V_FROM_KH)[None].astype(v.dtype)  # [1, K, H, 1]
-      k = jax.lax.dynamic_update_slice(k, k_row, (row, 0, at, 0))
-      v = jax.lax.dynamic_update_slice(v, v_row, (row, 0, 0, at))
+    at = positions[:, 0]
+    k = self.ks[layer].at[self.rows, :, at, :].set(k_new[:, 0].astype(self.ks[layer].dtype))
+    v = self.vs[layer].at[self.rows, :, :, at].set(v_new[:, 0].astype(self.vs[layer].dtype))
     ks, vs = list(self.ks), list(self.vs)
     ks[layer], vs[layer] = k, v
     return self.replace(ks=tuple(ks), vs=tuple(vs))
