@@ -98,6 +98,10 @@ def describe(config: RunConfig) -> str:
     what = f"dataset file {task.dataset.path} ({task.dataset.layout.value}); reward: math-verify"
   elif task.synthetic is not None:
     what = f"synthetic {task.synthetic.task.value} task (long-tail lengths); reward: exact match"
+  elif task.code is not None:
+    families = ", ".join(f.value for f in task.code.families)
+    what = (f"code: write-a-function tasks ({families}) with hidden tests; reward: the function "
+            "run in the sandbox, judged outside it")
   else:
     what = f"multi-turn {task.env.kind.value} environment"
   alpha = f", α = {config.async_ratio}" if config.mode is Mode.ASYNC else ""

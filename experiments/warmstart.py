@@ -144,9 +144,9 @@ def ensure_demo_model(out: str | None = None, progress: bool = True) -> str:
 
 
 def ensure_project_model(model_path: str) -> bool:
-  """Warm-starts (or finds cached) the project model at `model_path` if it is the demo's or a
-  benchmark's, each on its own task; False for any other path."""
-  from experiments.configs import bench_rlvr, bench_rlvr_longtail, demo
+  """Warm-starts (or finds cached) the project model at `model_path` if it is the demo's, a
+  benchmark's or the code RLVR config's, each on its own task; False for any other path."""
+  from experiments.configs import bench_rlvr, bench_rlvr_longtail, code_rlvr, demo
   path = os.path.normpath(model_path)
   if path == os.path.normpath(demo.DEMO_MODEL_DIR):
     ensure_demo_model()
@@ -155,6 +155,8 @@ def ensure_project_model(model_path: str) -> bool:
       bench_rlvr.BENCH_MODEL_DIR: (bench_rlvr.bench_task(), bench_rlvr.BENCH_WARMSTART_STEPS),
       bench_rlvr_longtail.LONGTAIL_MODEL_DIR: (bench_rlvr_longtail.longtail_task(),
                                                bench_rlvr_longtail.LONGTAIL_WARMSTART_STEPS),
+      code_rlvr.CODE_MODEL_DIR: (envs.CodeTaskSource(code_rlvr.code_tasks()),
+                                 code_rlvr.CODE_WARMSTART_STEPS),
   }
   for model_dir, (task, steps) in benches.items():
     if path == os.path.normpath(model_dir):

@@ -102,35 +102,45 @@ class TaskConfig:
   """Where prompts come from, and how responses are rewarded: exactly one of
 
   `synthetic` (long-tail generators, exact-match reward), `dataset` (a JSONL/Parquet file, math-verify
-  reward), `reasoning_gym` (reasoning-gym generators, their own scorers) or `env` (a multi-turn
+  reward), `reasoning_gym` (reasoning-gym generators, their own scorers), `code` (procedural
+  write-a-function tasks with hidden tests, the sandboxed code reward) or `env` (a multi-turn
   environment: prompt `i` is the level with seed `(seed, i)`, an episode's reward comes from the
-  environment). `reward` defaults to the task's natural one; `seed` seeds the synthetic stream and the
-  environment levels (reasoning-gym and dataset files have their own).
+  environment). `reward` defaults to the task's natural one; `seed` seeds the synthetic stream, the
+  code tasks and the environment levels (reasoning-gym and dataset files have their own).
+  `sandbox` and `adaptive_timeout` are the code reward's limits (`code` tasks, or a dataset file
+  with `reward='code'`); None for `adaptive_timeout` is the sandbox's fixed limit.
   """
 
   synthetic: envs.SyntheticConfig | None = None
   dataset: envs.DatasetFileConfig | None = None
   reasoning_gym: envs.ReasoningGymConfig | None = None
+  code: envs.CodeTaskConfig | None = None
   env: envs.EnvConfig | None = None
   reward: envs.RewardKind | None = None
   seed: int = 0
+  sandbox: envs.SandboxConfig = envs.SandboxConfig()
+  adaptive_timeout: envs.AdaptiveTimeoutConfig | None = envs.AdaptiveTimeoutConfig()
 
   def __post_init__(self):
-    kinds = (self.synthetic, self.dataset, self.reasoning_gym, self.env)
+    kinds = (self.synthetic, self.dataset, self.reasoning_gym, self.code, self.env)
     if sum(x is not None for x in kinds) != 1:
-      raise ValueError("TaskConfig needs exactly one of `synthetic`, `dataset`, `reasoning_gym` "
-                       "or `env`.")
+      raise ValueError("TaskConfig needs exactly one of `synthetic`, `dataset`, `reasoning_gym`, "
+                       "`code` or `env`.")
     natural = (envs.RewardKind.MATH if self.dataset is not None else
                envs.RewardKind.REASONING_GYM if self.reasoning_gym is not None else
+               envs.RewardKind.CODE if self.code is not None else
                envs.RewardKind.EXACT_MATCH)  # synthetic; unused by env tasks
     reward = natural if self.reward is None else parse_enum(envs.RewardKind, self.reward, "reward")
     if (reward is envs.RewardKind.REASONING_GYM) != (self.reasoning_gym is not None):
       raise ValueError("a reasoning_gym task is scored by reasoning-gym (reward='reasoning_gym'), "
                        "and that reward needs a reasoning_gym task.")
+    if self.code is not None and reward is not envs.RewardKind.CODE:
+      raise ValueError("code tasks are scored by running their hidden tests (reward='code').")
     object.__setattr__(self, "reward", reward)
 
   def reward_config(self) -> envs.RewardConfig:
-    return envs.RewardConfig(kind=self.reward, reasoning_gym=self.reasoning_gym)
+    return envs.RewardConfig(kind=self.reward, reasoning_gym=self.reasoning_gym,
+                             sandbox=self.sandbox, adaptive_timeout=self.adaptive_timeout)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,6 +27,8 @@ def task_source(config: RunConfig) -> envs.TaskSource:
     return envs.SyntheticSource(task.synthetic, seed=task.seed, eval_size=config.eval_samples)
   if task.reasoning_gym is not None:
     return envs.ReasoningGymSource(task.reasoning_gym, eval_size=config.eval_samples)
+  if task.code is not None:
+    return envs.CodeTaskSource(task.code, seed=task.seed)
   loaded = envs.load_dataset(task.dataset)
   for error in loaded.errors:
     log.error("dataset %s: %s (row skipped)", task.dataset.path, error)
