@@ -16,7 +16,7 @@ from flashrl_jax.envs import (AdaptiveTimeout, AdaptiveTimeoutConfig, CodeFamily
                               CodeTaskConfig, CodeTests, Isolation, IsolationMode, Sample, Sandbox,
                               SandboxConfig, SandboxResult, SandboxStatus, TestCase, Verdict,
                               extract_code, generate_code_tasks, grade, same)
-from tests.reward_hacks import CASES, HACKS, HONEST, TESTS
+from tests.reward_hacks import HACKS, HONEST, TESTS
 
 MODES = [Isolation.AUTO, Isolation.FALLBACK]
 ROOT = os.geteuid() == 0
