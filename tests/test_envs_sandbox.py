@@ -12,10 +12,12 @@ import errno
 import glob
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -230,34 +232,47 @@ def test_fallback_network_block_is_bypassable():
 
 
 @pytest.mark.parametrize("iso", MODES, ids=lambda m: m.value)
-def test_code_cannot_signal_the_controller_or_its_processes(iso):
-  """Root modes: the code's uid is not ours; with namespaces it cannot even name our processes."""
+def test_code_cannot_signal_or_overwrite_the_controller(iso):
+  """Root modes: the code's uid is not ours; with namespaces it cannot even name our processes or
+  files. Without, it reads a world-readable file of ours (the documented ROOT_UID gap)."""
   if not ROOT and iso is Isolation.FALLBACK:
     pytest.skip("non-root without namespaces is NONE mode (refused): see the unprivileged tests")
   victim = subprocess.Popen(["sleep", "30"])
   got = []
   previous = signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
+  run_dir = tempfile.mkdtemp(prefix="flashrl_controller_")
+  os.chmod(run_dir, 0o755)
+  checkpoint = os.path.join(run_dir, "checkpoint.bin")
+  with open(checkpoint, "w") as f:
+    f.write("weights")
   code = ("import os, signal\nout = []\n"
           f"for pid, sig in (({victim.pid}, signal.SIGKILL), ({os.getpid()}, signal.SIGUSR1), "
           "(-1, signal.SIGKILL), (os.getppid(), signal.SIGKILL)):\n"
           "    try:\n        os.kill(pid, sig)\n        out.append('sent')\n"
           "    except OSError as e:\n        out.append(type(e).__name__)\n"
-          f"try:\n    open('/proc/{os.getpid()}/mem', 'rb')\n    out.append('read')\n"
-          "except OSError as e:\n    out.append(type(e).__name__)\nprint(out)")
+          f"for path, mode in (('/proc/{os.getpid()}/mem', 'rb'), ({checkpoint!r}, 'w'), "
+          f"({checkpoint!r}, 'r')):\n"
+          "    try:\n        open(path, mode).close()\n        out.append('opened')\n"
+          "    except OSError as e:\n        out.append(type(e).__name__)\nprint(out)")
   try:
     result = _run(_sandbox(iso, allow_unisolated=False), code)
     time.sleep(0.2)
     assert result.status is SandboxStatus.COMPLETED, result.stderr
     assert victim.poll() is None and not got
-    sent = eval(result.stdout)  # noqa: S307 -- our own test's output
-    if result.isolation.isolated:  # cannot name them; our /proc entries are not there
-      assert sent[:2] == ["ProcessLookupError"] * 2 and sent[4] == "FileNotFoundError", sent
+    with open(checkpoint) as f:
+      assert f.read() == "weights"
+    out = eval(result.stdout)  # noqa: S307 -- our own test's output
+    if result.isolation.isolated:  # cannot name them; our /proc entries and files are not there
+      assert out[:2] == ["ProcessLookupError"] * 2, out
+      assert out[4:] == ["FileNotFoundError"] * 3, out
     else:  # can name them, but is another uid
-      assert sent[:2] == ["PermissionError"] * 2 and sent[4] == "PermissionError", sent
+      assert out[:2] == ["PermissionError"] * 2, out
+      assert out[4:] == ["PermissionError", "PermissionError", "opened"], out
   finally:
     signal.signal(signal.SIGUSR1, previous)
     victim.kill()
     victim.wait()
+    shutil.rmtree(run_dir)
 
 
 @pytest.mark.parametrize("iso", MODES, ids=lambda m: m.value)
