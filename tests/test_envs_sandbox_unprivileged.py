@@ -19,15 +19,28 @@ UID = 54321
 ROOT = os.geteuid() == 0
 
 
+def _kernel_knobs() -> str:
+  knobs = []
+  for path in ("/proc/sys/kernel/unprivileged_userns_clone", "/proc/sys/user/max_user_namespaces",
+               "/proc/sys/kernel/apparmor_restrict_unprivileged_userns"):
+    try:
+      with open(path) as f:
+        knobs.append(f"{os.path.basename(path)}={f.read().strip()}")
+    except OSError:
+      pass
+  return ", ".join(knobs) or "no user-namespace sysctls"
+
+
 def _userns_allowed() -> tuple[bool, str]:
-  """Can an unprivileged process create a user namespace here (the kernel's verdict, as U)?"""
+  """Can an unprivileged process create a user namespace here? Asked of the kernel itself, as U
+  (the sysctls alone do not tell: AppArmor or seccomp may refuse too)."""
   prefix = ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups"] if ROOT else []
   try:
     probe = subprocess.run(prefix + ["unshare", "--user", "true"], capture_output=True, text=True,
                            timeout=30)
   except FileNotFoundError as error:
     return False, f"util-linux missing: {error}"
-  return probe.returncode == 0, probe.stderr.strip()
+  return probe.returncode == 0, f"{probe.stderr.strip()}; {_kernel_knobs()}"
 
 
 def _scenario(name: str, *drop_flags: str) -> dict:
