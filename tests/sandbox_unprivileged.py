@@ -123,7 +123,8 @@ def read_memory():
     f.seek(start)
     return len(f.read(16))
 attempt("read_controller_memory", read_memory)
-attempt("kill_init", lambda: os.kill(1, signal.SIGKILL))  # silently dropped by the kernel
+for sig in (signal.SIGKILL, signal.SIGINT, signal.SIGTERM):  # silently dropped by the kernel
+  attempt(f"kill_init_{{sig.name}}", lambda: os.kill(1, sig))
 attempt("init_root", lambda: os.listdir("/proc/1/root"))
 attempt("init_memory", lambda: open("/proc/1/mem", "rb").close())
 attempt("list_run_dir", lambda: os.listdir({run_dir!r}))

@@ -262,6 +262,9 @@ def _namespace_init(libc, spec: dict, runner_src: str, job: dict, root: bool) ->
       os._exit(EXIT_SETUP)
   libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
   libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+  for sig in signal.valid_signals():  # Python's own SIGINT handler would let signals through
+    if callable(signal.getsignal(sig)):
+      signal.signal(sig, signal.SIG_DFL)
   null = os.open(os.devnull, os.O_RDWR)
   for fd in (0, 1, 2, RESULTS_FD):  # only the code's side of the pipes may keep them open
     os.dup2(null, fd)
