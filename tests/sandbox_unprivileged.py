@@ -129,6 +129,8 @@ attempt("init_root", lambda: os.listdir("/proc/1/root"))
 attempt("init_memory", lambda: open("/proc/1/mem", "rb").close())
 attempt("list_run_dir", lambda: os.listdir({run_dir!r}))
 attempt("connect", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=1).close())
+import ctypes
+out["new_user_namespace"] = ctypes.CDLL(None).unshare(0x10000000)
 print(json.dumps(out))
 """
 

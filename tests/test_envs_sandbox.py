@@ -318,7 +318,9 @@ def test_namespace_mode_sees_only_system_and_python_dirs(namespaces, tmp_path):
           "import sys\nfor p in ('/usr/x', '/bin/x', '/x', sys.base_prefix + '/x'):\n"
           "    try:\n        open(p, 'w')\n        out[p] = 'written'\n"
           "    except OSError as e:\n        out[p] = e.errno\n"
-          "out['uid'] = os.getuid()\nprint(json.dumps(out))")
+          "out['uid'] = os.getuid()\nimport ctypes\n"
+          "out['new_user_namespace'] = ctypes.CDLL(None).unshare(0x10000000)\n"
+          "print(json.dumps(out))")
   result = _run(_sandbox(Isolation.AUTO), code)
   assert result.status is SandboxStatus.COMPLETED, result.stderr
   out = json.loads(result.stdout)
@@ -327,7 +329,8 @@ def test_namespace_mode_sees_only_system_and_python_dirs(namespaces, tmp_path):
   assert not any(out[p] for p in (str(secret), repo, "/run", "/etc/passwd", "/sys"))
   writes = [out.pop(p) for p in list(out) if p.endswith("/x")]
   assert writes == [errno.EROFS] * 4  # read-only mounts, whoever owns the files
-  assert out["uid"] != os.getuid()
+  assert out.pop("uid") != os.getuid()
+  assert out.pop("new_user_namespace") == -1  # chrooted: no namespaces of its own
 
 
 def test_environment_is_scrubbed(monkeypatch):

@@ -73,6 +73,7 @@ def test_user_namespaces_isolate_code_from_a_non_root_controller():
   for name in ("read_file", "write_file", "list_run_dir", "read_controller_memory"):
     assert attack[name][0] == "FileNotFoundError", (name, attack[name])
   assert attack["connect"][0] == "OSError"  # no interface in its network namespace
+  assert attack["new_user_namespace"] == -1  # chrooted: no namespaces of its own
   assert out["damage"] == {"victim_alive": True, "file": "original", "usr1": 0,
                            "connected": False}
   peak, status, left = out["fork_bomb"]
