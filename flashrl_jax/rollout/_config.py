@@ -17,7 +17,8 @@ class EngineConfig:
   """How one engine serves one model.
 
   `context_length` bounds prompt + output per request (default: the model's
-  `max_position_embeddings`, at most 4096); it sizes the KV cache `[L, slots, context, K, H]`.
+  `max_position_embeddings`, at most 4096); it sizes the KV cache
+  (per layer `[slots + 1, K, context + 1, H]`) and the largest prefill and decode buckets.
   """
 
   model_path: str

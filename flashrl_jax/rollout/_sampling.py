@@ -279,7 +279,7 @@ def sample(logits: jax.Array, rows: RowSampling, steps: jax.Array) -> tuple[jax.
 
   Returns (tokens `[B]` int32, behaviour log-probs `[B]` float32).
   """
-  tokens, logprobs, _ = _sample(logits, rows, steps)
+  tokens, logprobs, _ = sample_with_top(logits, rows, steps, 0)
   return tokens, logprobs
 
 
@@ -287,8 +287,11 @@ def sample_with_top(logits: jax.Array, rows: RowSampling, steps: jax.Array, top_
                     ) -> tuple[jax.Array, jax.Array, tuple[jax.Array, jax.Array]]:
   """`sample`, plus the `top_n` most likely candidates of each row under the same behaviour
   distribution (SGLang's `output_top_logprobs`): (ids, log-probs) `[B, top_n]`."""
-  tokens, logprobs, logp = _sample(logits, rows, steps)
-  return tokens, logprobs, top_candidates(logp, top_n)
+  tokens, scaled, lse = _sample(logits, rows, steps)
+  logprobs = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0] - lse
+  # The full [B, V] log-softmax only when candidates are asked for (a pass over V saved per step).
+  top = top_candidates(scaled - lse[:, None], top_n) if top_n else top_candidates(scaled, 0)
+  return tokens, logprobs, top
 
 
 def top_candidates(logp: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
@@ -301,12 +304,21 @@ def top_candidates(logp: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
 
 
 def _sample(logits: jax.Array, rows: RowSampling, steps: jax.Array):
+  """(tokens `[B]`, the behaviour logits `[B, V]` (banned ids -inf, divided by T), their
+  log-sum-exp `[B]`)."""
   b, vocab = logits.shape
-  banned = jnp.where((steps < rows.min_new)[:, None] & (rows.stop_ids >= 0), rows.stop_ids, vocab)
-  logits = logits.at[jnp.arange(b)[:, None], banned].set(-jnp.inf, mode="drop")
+  banning = (steps < rows.min_new)[:, None] & (rows.stop_ids >= 0)  # [B, MAX_STOP_IDS]
+
+  def ban(x):
+    banned = jnp.where(banning, rows.stop_ids, vocab)
+    return x.at[jnp.arange(b)[:, None], banned].set(-jnp.inf, mode="drop")
+
+  # Most steps ban nothing: skip the scatter (it copies the [B, V] logits).
+  logits = jax.lax.cond(jnp.any(banning), ban, lambda x: x, logits)
   greedy = rows.temperature <= 0
   scaled = logits / jnp.where(greedy, 1.0, rows.temperature)[:, None]
-  logp = jax.nn.log_softmax(scaled, axis=-1)
+  top = jnp.max(scaled, axis=-1, keepdims=True)
+  lse = jnp.log(jnp.sum(jnp.exp(scaled - top), axis=-1)) + top[:, 0]
 
   def draw(_):
     truncated = jax.lax.cond(_needs_truncation(rows, vocab), _truncate, lambda x, _: x, scaled,
@@ -320,4 +332,4 @@ def _sample(logits: jax.Array, rows: RowSampling, steps: jax.Array):
   # An all-greedy batch (e.g. evaluation) skips the random draw entirely.
   drawn = jax.lax.cond(jnp.all(greedy), lambda _: jnp.zeros(b, jnp.int32), draw, None)
   tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
-  return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0], logp
+  return tokens, scaled, lse

@@ -2,16 +2,17 @@
 
 Why this layout: a decode step runs on the live requests only, wherever their slots are. It names
 them with an index vector (`rows`, padded to a batch bucket with the spare row), gathers just their
-first `span` positions for attention (`span` is a power-of-two bucket of the longest live context),
-and scatters each new key/value in place on the donated buffer (one scatter per layer: the
-per-row `dynamic_update_slice`s it replaced compiled 2-4x slower at 8-32 rows and ran no faster). So the cost of a step follows the live
-work, and nothing is moved or copied when the live set changes (the old design packed live requests
-into a prefix of the slots, and writing that prefix back copied the whole cache every step).
+first `span` positions for attention (`span` is a power-of-two bucket of the longest live context)
+and scatters each new key/value in place on the donated buffer. So the cost of a step follows the
+live work, and nothing is moved or copied when the live set changes (the old design packed live
+requests into a prefix of the slots, and writing that prefix back copied the whole cache every
+step). One scatter per layer: per-row `dynamic_update_slice`s compiled 2-4x slower at 8-32 rows and
+ran no faster.
 
 Keys are stored `[B+1, K, S, H]` (q.k contracts H, the minor axis) and values `[B+1, K, H, S]` (p.v
 contracts S, then the minor axis); row B is a spare that padding rows of a decode batch write to, so
-a padded row never needs a guard. Why not the model's `KVCache` (`[L, B, S, K, H]`, written with a
-scatter): on XLA:CPU that scatter rewrote the whole 5-D buffer for every layer of every step.
+a padded row never needs a guard. Why not the model's `KVCache` (`[L, B, S, K, H]`, all layers in
+one buffer): on XLA:CPU a write into it rewrote the whole 5-D buffer for every layer of every step.
 
 `DecodeView` follows the cache protocol `Decoder.extend` uses (`write`, `k[layer]`, `v[layer]`,
 `lengths`, `max_length`, `replace`) for one new token per row. Prefill runs on a fresh model
