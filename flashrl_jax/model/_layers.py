@@ -131,8 +131,14 @@ class Attention(nnx.Module):
     k = self.shard(apply_rope(k, positions, inv_freq), ("batch", "length", "kv_heads", "head_dim"))
     if cache is not None:
       cache = cache.write(layer, k, v, positions, valid)
-      k, v = cache.k[layer].astype(self.dtype), cache.v[layer].astype(self.dtype)
-    out = grouped_attention(q, k, v, mask, self.num_kv_heads, self.dtype)
+    if cache is not None and hasattr(cache, "attend"):
+      # A cache laid out for it attends itself (the rollout engine's decode view: row by row,
+      # without first gathering the rows it needs into one array).
+      out = cache.attend(layer, q, mask, self.num_kv_heads, self.dtype)
+    else:
+      if cache is not None:
+        k, v = cache.k[layer].astype(self.dtype), cache.v[layer].astype(self.dtype)
+      out = grouped_attention(q, k, v, mask, self.num_kv_heads, self.dtype)
     out = dense(out, self.o_proj[...].astype(self.dtype), num_in=2)  # [B,T,N,H] @ [N,H,D]
     return self.shard(out, ("batch", "length", "embed")), cache
 
