@@ -125,7 +125,8 @@ class _Bench:
     source = PromptSource(synthetic=config.task.synthetic, seed=config.task.seed + 7_777)
     self.prompts = [source.next()[1] for _ in range(512)]  # a seed the runs never draw
     self.workers = len(place.workers)
-    self.slots = config.rollout.max_running_requests * config.rollout.num_servers // self.workers
+    servers = len(place.server_cpus)  # the placement's count (a config may leave it to the cores)
+    self.slots = config.rollout.max_running_requests * servers // self.workers
     self._count = 0
 
   async def one(self, sampling, sample=None) -> int:
@@ -334,7 +335,7 @@ def measure(config_path: str, layout_name: str, reps: int, log_dir: str) -> dict
   from flashrl_jax.fleet import LocalServers
   r = config.rollout
   servers = LocalServers.start(
-      config.model_path, r.num_servers, cpu_sets=place.server_cpus, log_dir=log_dir,
+      config.model_path, len(place.server_cpus), cpu_sets=place.server_cpus, log_dir=log_dir,
       extra_args=(f"--max_running_requests={r.max_running_requests}",
                   f"--context_length={config.train.batch.row_length}", "--weight_version=0"))
   with servers:

@@ -4,9 +4,10 @@ ROLL Flash's agentic gains (2.72x on ALFWorld, 1.81x on SWE) come from tasks tha
 most levels take a few turns, a few take many — and from environment calls (a simulator, a tool, a
 test run) that take long, variable and sometimes pathological time. Here: multi-turn FrozenLake with
 a per-level turn budget drawn from a long-tail law (lognormal, median 5 turns, log-std 0.6, clipped
-to 2-12: the longest level ~ 3-4x the median), environment steps lognormal around a 0.1 s median
-(log-std 0.6) with 5% of calls 10x longer, 2% fail-slow (another 10x) and 1% fail-stop (the call
-raises); the demo's tiny policy on our JAX servers; the real trainer. B = 4 groups x n = 4
+to 2-12: the longest level ~ 3-4x the median), environment steps lognormal around a 0.2 s median
+(log-std 0.6; a containerised text game or a light tool call) with 5% of calls 10x longer, 2%
+fail-slow (another 10x) and 1% fail-stop (the call raises); the demo's tiny policy on our JAX
+servers; the real trainer. B = 4 groups x n = 4
 episodes per step; async mode at α = 1 with the same number of environment groups at once as the
 lock-step baseline (`num_env_groups` = B). The policy never saw FrozenLake: this measures the
 systems side (throughput under environment latency), not learning.
@@ -27,7 +28,7 @@ MAX_TURNS = 12
 def bench_env() -> envs.EnvConfig:
   return envs.EnvConfig(
       kind=envs.EnvKind.FROZEN_LAKE, episode=envs.EpisodeConfig(max_turns=MAX_TURNS),
-      latency=envs.LatencyConfig(kind=envs.LatencyKind.LONG_TAIL, mean_s=0.1, sigma=0.6,
+      latency=envs.LatencyConfig(kind=envs.LatencyKind.LONG_TAIL, mean_s=0.2, sigma=0.6,
                                  tail_prob=0.05, tail_factor=10.0),
       failure=envs.FailureConfig(slow_prob=0.02, slow_factor=10.0, stop_prob=0.01))
 
@@ -40,9 +41,11 @@ def get_config() -> RunConfig:
       train=TrainConfig(
           loss=LossConfig(name="cispo", clip_low=1.0, clip_high=0.28),
           optimizer=OptimizerConfig(learning_rate=1e-4, warmup_steps=2, max_grad_norm=1.0),
-          # First observation ~210 tokens; a turn is <= 6 generated + ~100 observation tokens.
-          batch=BatchConfig(row_length=1536, rows=16, sequences_per_row=1,
-                            max_response_length=1320),
+          # First observation ~260 tokens; a turn is <= 6 generated + ~100 observation tokens, so
+          # an episode is 0.3-1.5k tokens: 4 rows of 1536 packed with up to 4 each (1 micro-batch
+          # per ~6k tokens). One episode per row would pad 16 x 1536 and cost 3.4x the step.
+          batch=BatchConfig(row_length=1536, rows=4, sequences_per_row=4,
+                            max_response_length=1270),
           temperature=1.0),
       rollout=RolloutConfig(num_servers=2, max_running_requests=16, max_new_tokens=6,
                             temperature=1.0),
