@@ -75,6 +75,21 @@ def probe(reps: int = 5) -> dict[str, Any]:
           "loadavg": os.getloadavg()[0]}
 
 
+def probe_pair(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+  """The probes around a calibration or a run, averaged (per core too)."""
+  cores = sorted(before["per_core"])
+  return {"probe_s": (before["probe_s"] + after["probe_s"]) / 2,
+          "probe_per_core": {str(c): (before["per_core"][c] + after["per_core"][c]) / 2
+                             for c in cores},
+          "loadavg": [before["loadavg"], after["loadavg"]]}
+
+
+def slowdown(calibration: dict[str, Any], run: dict[str, Any], cores) -> float:
+  """How much slower `cores` were during `run` than during `calibration` (probe ratio)."""
+  c, r = calibration["probe_per_core"], run["probe_per_core"]
+  return float(np.mean([r[str(k)] for k in cores]) / np.mean([c[str(k)] for k in cores]))
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
   """Where a run's processes go: `controller.plan_placement`'s CPU plan, and the workers it makes."""
@@ -370,8 +385,7 @@ def calibrate(config_path: str, layout_name: str, *, reps: int = 2,
     raise RuntimeError(f"calibration failed:\n{proc.stderr[-3000:]}")
   with open(out) as f:
     result = json.load(f)
-  return {**result, "probe_s": (before["probe_s"] + after["probe_s"]) / 2,
-          "loadavg": [before["loadavg"], after["loadavg"]], "wall_s": wall}
+  return {**result, **probe_pair(before, after), "wall_s": wall}
 
 
 def main() -> None:

@@ -41,6 +41,13 @@ def test_sync_prediction_is_the_hand_computed_step():
   assert (config.workers, config.slots, config.prompt_tokens) == (2, 8, 12)
   step = 50 * 0.004 + 0.03 + 0.5 + 0.1 + 0.07
   assert sim.simulate(config, seed=0).samples_per_s == pytest.approx(16 / step, rel=1e-6)
+  # The load probes' rescaling: rollout costs (decode, latency, handoff) by one factor, the
+  # trainer's (train step, export) by the other.
+  slower = sim_vs_measured.sim_config(cal, "sync", 0, batch_size=4, group_size=4,
+                                      pause_mode=PauseMode.ABORT, steps=6, warmup=2,
+                                      rollout_slowdown=2.0, train_slowdown=3.0)
+  step = 2 * (50 * 0.004 + 0.03 + 0.07) + 3 * (0.5 + 0.1)
+  assert sim.simulate(slower, seed=0).samples_per_s == pytest.approx(16 / step, rel=1e-6)
 
 
 def test_async_prediction_uses_the_async_layout_and_the_bound():

@@ -10,8 +10,9 @@ Then it runs each mode for real (`python -m experiments.train`, real servers and
 predicts its samples/s from the calibration alone: nothing measured in a run goes into its
 prediction. Both sides are timed on the same machine minutes apart, so a load probe (fixed work on
 each core, before and after each run and around each calibration) rescales the calibrated costs
-to the machine's speed at the run: prediction = simulated samples/s × probe(calibration) /
-probe(run). Every row prints the prediction with and without that rescaling, the measurement
+to the machine's speed at the run: costs measured on the rollout cores by those cores' probe ratio
+probe(run) / probe(calibration), the trainer's by its cores'. Every row prints the prediction with
+and without that rescaling, the measurement
 (samples/s over the steps after `--warmup_steps`, as `async_vs_sync` measures it) and the error.
 
 Last line: `sim_error_max_unseen: <largest |predicted − measured| / measured over the runs>`.
@@ -48,15 +49,19 @@ _OUT = flags.DEFINE_string("out", None, "Directory for runs and calibrations (de
 
 
 def sim_config(calibration: dict, mode: str, alpha: int, batch_size: int, group_size: int,
-               pause_mode, steps: int, warmup: int) -> sim.SimConfig:
-  """The simulated run, from a calibration (and the run's policy knobs) only."""
+               pause_mode, steps: int, warmup: int, rollout_slowdown: float = 1.0,
+               train_slowdown: float = 1.0) -> sim.SimConfig:
+  """The simulated run, from a calibration (and the run's policy knobs) only. The slowdowns
+  rescale the costs measured on the rollout cores and on the trainer's cores (load probes)."""
   ro, tr = calibration["rollout"], calibration["trainer"]["alone"]
-  handoff = ro["handoff"]["idle" if mode == "sync" else "busy"]
-  cost = sim.CostModel(**calibration["interference"],
-      decode=sim.TabulatedDecode(ro["decode_active"], ro["decode_step_s"]),
-      request_s=ro["request_s"], reward_s=ro["reward_s"] + ro["latency_s"],
-      train=sim.TabulatedTrain(tr["train_tokens"], tr["train_s"]),
-      sync=sim.SyncModel(export_s=tr["export_s"], **handoff))
+  r, t = rollout_slowdown, train_slowdown
+  handoff = {k: v * r for k, v in ro["handoff"]["idle" if mode == "sync" else "busy"].items()}
+  cost = sim.CostModel(
+      **calibration["interference"],
+      decode=sim.TabulatedDecode(ro["decode_active"], [s * r for s in ro["decode_step_s"]]),
+      request_s=ro["request_s"] * r, reward_s=(ro["reward_s"] + ro["latency_s"]) * r,
+      train=sim.TabulatedTrain(tr["train_tokens"], [s * t for s in tr["train_s"]]),
+      sync=sim.SyncModel(export_s=tr["export_s"] * t, **handoff))
   workers = ro["workers"]
   training = (sim.SyncTraining() if mode == "sync"
               else sim.AsyncTraining(alpha=alpha, train_gpus=1))
@@ -91,8 +96,7 @@ def run(config_path: str, workdir: str, mode: str, alpha: int) -> dict:
   after = _calibration.probe()
   if proc.returncode:
     raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-  return {"probe_s": (before["probe_s"] + after["probe_s"]) / 2,
-          "loadavg": [before["loadavg"], after["loadavg"]], "wall_s": wall}
+  return {**_calibration.probe_pair(before, after), "wall_s": wall}
 
 
 def ensure_model(config_path: str) -> None:
@@ -142,24 +146,32 @@ def main(argv):
                                         async_ratio=alpha)
       info = run(path, workdir, "sync" if mode == "sync" else "async", alpha)
       cal = calibrations["sync" if mode == "sync" else "async"]
-      simulated = sim_config(cal, "sync" if mode == "sync" else "async", alpha, config.batch_size,
-                             config.group_size, config.rollout.pause_mode, _STEPS.value,
-                             _WARMUP.value)
-      results = [sim.simulate(simulated, seed=s) for s in range(_SEEDS.value)]
-      raw = float(np.mean([r.samples_per_s for r in results]))
-      speed = cal["probe_s"] / info["probe_s"]
+      place = cal["placement"]
+      rollout_cores = sorted({c for cpus in place["server_cpus"] for c in cpus})
+      slow_r = _calibration.slowdown(cal, info, rollout_cores)
+      slow_t = _calibration.slowdown(cal, info, place["train_cpus"])
+      knobs = ("sync" if mode == "sync" else "async", alpha, config.batch_size, config.group_size,
+               config.rollout.pause_mode, _STEPS.value, _WARMUP.value)
+
+      def predict(r: float, t: float) -> list[sim.SimResult]:
+        simulated = sim_config(cal, *knobs, rollout_slowdown=r, train_slowdown=t)
+        return [sim.simulate(simulated, seed=s) for s in range(_SEEDS.value)]
+
+      results, unscaled = predict(slow_r, slow_t), predict(1.0, 1.0)
+      predicted = float(np.mean([r.samples_per_s for r in results]))
+      raw = float(np.mean([r.samples_per_s for r in unscaled]))
       got = measured(workdir, _WARMUP.value)
       row = {"regime": regime, "mode": name, "measured": got["samples_per_s"],
-             "predicted_raw": raw, "predicted": raw * speed, "speed": speed,
-             "error": abs(raw * speed - got["samples_per_s"]) / got["samples_per_s"],
+             "predicted": predicted, "predicted_raw": raw, "slowdown": [slow_r, slow_t],
+             "error": abs(predicted - got["samples_per_s"]) / got["samples_per_s"],
              "error_raw": abs(raw - got["samples_per_s"]) / got["samples_per_s"],
-             "train_s": (float(np.mean([r.train_time_s for r in results])) / speed,
-                         got["train_s"]),
+             "train_s": (float(np.mean([r.train_time_s for r in results])), got["train_s"]),
              "loadavg": info["loadavg"], "run_wall_s": info["wall_s"]}
       rows.append(row)
       print(f"{regime:>9} {name:<10} measured {row['measured']:7.2f} samples/s | predicted "
             f"{row['predicted']:7.2f} (error {row['error']:5.1%}); without load rescaling "
-            f"{raw:7.2f} ({row['error_raw']:5.1%}) | machine speed x{speed:.2f}, load "
+            f"{raw:7.2f} ({row['error_raw']:5.1%}) | cores slower x{slow_r:.2f} (rollout) "
+            f"x{slow_t:.2f} (trainer) than at calibration, load "
             f"{info['loadavg'][0]:.1f}-{info['loadavg'][1]:.1f} | train step predicted "
             f"{row['train_s'][0]:.3f}s measured {row['train_s'][1]:.3f}s", flush=True)
   with open(os.path.join(out, "results.json"), "w") as f:
