@@ -8,7 +8,8 @@ run's server processes pinned to theirs, in async mode the event loop on the rol
 worker threads on the trainer's), and measures:
 
 - rollout, through the real client and reward function: the decode step time by live requests per
-  rollout core (`a` concurrent requests of L1 and L2 tokens with `ignore_eos`: step = ΔW/ΔL), the
+  rollout core (`a` concurrent requests of L1 and L2 tokens with `ignore_eos`: step = ΔW/ΔL) and
+  its growth with context (the same with prompts as long as a training row allows), the
   per-request cost that blocks a core (prefill, HTTP, client work: the slope of the intercept in
   `a`) and the per-request latency that does not (the intercept's intercept);
 - response lengths: the initial policy on prompts of the task that the runs never draw (same
@@ -144,21 +145,26 @@ class _Bench:
     self.slots = config.rollout.max_running_requests * servers // self.workers
     self._count = 0
 
-  async def one(self, sampling, sample=None) -> int:
-    """One request as `GroupRunner` makes it: generate, decode, reward."""
+  async def one(self, sampling, sample=None, prompt_tokens: int | None = None) -> int:
+    """One request as `GroupRunner` makes it: generate, decode, reward (`prompt_tokens`: the
+    prompt padded with other prompts' text to that many tokens, for long contexts)."""
     if sample is None:
       sample = self.prompts[self._count % len(self.prompts)]
       self._count += 1
-    result = await self.fleet.generate(self.tokenizer.encode(sample.prompt), sampling)
+    ids = self.tokenizer.encode(sample.prompt)
+    if prompt_tokens is not None:
+      filler = self.tokenizer.encode(" ".join(p.prompt for p in self.prompts[:64]))
+      ids = (filler + ids)[-prompt_tokens:]
+    result = await self.fleet.generate(ids, sampling)
     await self.reward_fn(sample.prompt, self.tokenizer.decode(result.output_ids), sample)
     return len(result.output_ids)
 
-  async def batch(self, a: int, tokens: int) -> float:
+  async def batch(self, a: int, tokens: int, prompt_tokens: int | None = None) -> float:
     from flashrl_jax.fleet import SamplingParams
     sampling = SamplingParams(max_new_tokens=tokens, ignore_eos=True,
                               temperature=self.config.rollout.temperature)
     start = time.perf_counter()
-    await asyncio.gather(*(self.one(sampling) for _ in range(a)))
+    await asyncio.gather(*(self.one(sampling, prompt_tokens=prompt_tokens) for _ in range(a)))
     return time.perf_counter() - start
 
   async def lengths(self, eos: tuple[int, ...], responses: int = 512) -> list[list[int]]:
@@ -197,7 +203,27 @@ class _Bench:
     # fixed(a) = latency + (a / workers) * request_s: a worker admits its a/workers requests one
     # after another (blocking), while the round trip is paid once.
     slope, intercept = np.polyfit(per_worker, fixed, 1)
+    # Context: the same decode with prompts as long as the row allows, at two live counts.
+    prompt = float(np.mean([len(self.tokenizer.encode(p.prompt)) for p in self.prompts]))
+    context_ref = prompt + (l1 + l2) / 2
+    long_prompt = self.config.train.batch.row_length - l2 - 2
+    slopes = []
+    if long_prompt > prompt + 32:
+      probes = sorted({active[0], active[len(active) // 2]})
+      long: dict[tuple[int, int], list[float]] = {}
+      for a in probes:
+        await self.batch(a, l1, long_prompt)  # compiles the long prefill bucket
+      for _ in range(self.reps):
+        for a in probes:
+          for tokens in (l1, l2):
+            long.setdefault((a, tokens), []).append(await self.batch(a, tokens, long_prompt))
+      for a in probes:
+        step_long = (_median(long[(a, l2)]) - _median(long[(a, l1)])) / (l2 - l1)
+        ratio = step_long / step[active.index(a)]
+        slopes.append((ratio - 1.0) / (long_prompt - prompt))
     return {"decode_active": per_worker, "decode_step_s": step,
+            "decode_context_ref": context_ref,
+            "decode_context_slope": max(float(np.median(slopes)), 0.0) if slopes else 0.0,
             "request_s": max(float(slope), 0.0), "latency_s": max(float(intercept), 0.0),
             "decode_tokens": [l1, l2], "raw": {f"{a}x{t}": v for (a, t), v in walls.items()}}
 

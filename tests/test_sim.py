@@ -211,3 +211,17 @@ def test_a_trainer_sharing_the_rollouts_process_slows_and_is_slowed():
   sync_shared = sync.replace(cost=dataclasses.replace(sync.cost, train_beside_rollout=2.0,
                                                       rollout_beside_train=1.5))
   assert sim.simulate(sync_shared, seed=0).summary() == sim.simulate(sync, seed=0).summary()
+
+
+def test_a_context_sensitive_decode_is_retimed_as_contexts_grow():
+  # One request of 400 tokens after a 100-token prompt; a step costs 1 ms at context 100 and
+  # 0.5% more per token of context: the decode takes Σ_i 1 ms · (1 + 0.005 · i), i = 0..399.
+  decode = sim.TabulatedDecode((1,), (0.001,), context_ref=100.0, context_slope=0.005)
+  assert decode.context_sensitive and decode.step_time(1, 300.0) == pytest.approx(0.002)
+  config = sim.SimConfig(gpus=1, slots=1, batch_prompts=1, group_size=1, steps=1, warmup_steps=0,
+                         lengths=CycleLengths((400,)), prompt_tokens=100,
+                         cost=sim.CostModel(decode=decode))
+  exact = sum(0.001 * (1 + 0.005 * i) for i in range(400))
+  assert sim.simulate(config).records[0].gen_s == pytest.approx(exact, rel=0.02)
+  flat = config.replace(cost=sim.CostModel(decode=sim.TabulatedDecode((1,), (0.001,))))
+  assert sim.simulate(flat).records[0].gen_s == pytest.approx(0.4)

@@ -58,7 +58,9 @@ def sim_config(calibration: dict, mode: str, alpha: int, batch_size: int, group_
   handoff = {k: v * r for k, v in ro["handoff"]["idle" if mode == "sync" else "busy"].items()}
   cost = sim.CostModel(
       **calibration["interference"],
-      decode=sim.TabulatedDecode(ro["decode_active"], [s * r for s in ro["decode_step_s"]]),
+      decode=sim.TabulatedDecode(ro["decode_active"], [s * r for s in ro["decode_step_s"]],
+                                 context_ref=ro.get("decode_context_ref", 0.0),
+                                 context_slope=ro.get("decode_context_slope", 0.0)),
       request_s=ro["request_s"] * r, reward_s=(ro["reward_s"] + ro["latency_s"]) * r,
       train=sim.TabulatedTrain(tr["train_tokens"], [s * t for s in tr["train_s"]]),
       sync=sim.SyncModel(export_s=tr["export_s"] * t, **handoff))
@@ -131,6 +133,7 @@ def main(argv):
             f"{ro['workers']} worker(s) x {ro['slots']} slots, decode step "
             + ", ".join(f"{a}:{s * 1e3:.2f}ms" for a, s in zip(ro["decode_active"],
                                                               ro["decode_step_s"]))
+            + f" (+{ro.get('decode_context_slope', 0.0) * 100:.2f}%/context token)"
             + f"; request {ro['request_s'] * 1e3:.2f}ms + latency {ro['latency_s'] * 1e3:.1f}ms; "
             f"train {tr['train_s'][0]:.3f}-{tr['train_s'][1]:.3f}s for {tr['train_tokens'][0]}-"
             f"{tr['train_tokens'][1]} tokens, export {tr['export_s']:.3f}s; in one process, train "

@@ -5,9 +5,12 @@ value that can be either *calibrated* on this machine (a linear decode step fitt
 times, a per-token train cost fitted to `time/train_s`) or *derived* from hardware for the paper's
 scale (a roofline: a decode step reads the weights once plus every active request's KV cache).
 
-A decode model is a strategy object with one method, `step_time(active) -> seconds`: one decode step
-advances every active request of a worker by one token, so a worker with `a` active requests makes
-`a / step_time(a)` tokens/s and each request `1 / step_time(a)` tokens/s.
+A decode model is a strategy object with one method, `step_time(active, context) -> seconds`: one
+decode step advances every active request of a worker by one token, so a worker with `a` active
+requests makes `a / step_time(a)` tokens/s and each request `1 / step_time(a)` tokens/s. `context`
+is the mean context (prompt + generated tokens) of the active requests, for models whose step
+depends on it; `context_sensitive` says whether the simulator must re-time a long decode as the
+contexts grow.
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ import numpy as np
 
 
 class DecodeModel(Protocol):
-  def step_time(self, active: int) -> float:
-    """Seconds for one decode step of one worker with `active` concurrent requests (>= 1)."""
+  context_sensitive: bool
+
+  def step_time(self, active: int, context: float = 0.0) -> float:
+    """Seconds for one decode step of one worker with `active` concurrent requests (>= 1) whose
+    mean context is `context` tokens."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,12 +35,14 @@ class LinearDecode:
 
   t_base_s: float
   t_per_active_s: float = 0.0
+  context_sensitive = False
 
   def __post_init__(self):
     if self.t_base_s <= 0 or self.t_per_active_s < 0:
       raise ValueError(f"need t_base_s > 0 and t_per_active_s >= 0, got {self}")
 
-  def step_time(self, active: int) -> float:
+  def step_time(self, active: int, context: float = 0.0) -> float:
+    del context
     return self.t_base_s + self.t_per_active_s * active
 
 
@@ -55,6 +63,7 @@ class RooflineDecode:
   bandwidth: float
   flops: float
   overhead_s: float = 0.0
+  context_sensitive = False  # priced at `mean_context`, a workload constant
 
   def __post_init__(self):
     if min(self.weight_bytes, self.bandwidth, self.flops, self.params) <= 0:
@@ -72,7 +81,8 @@ class RooflineDecode:
                mean_context=mean_context, params=8.19e9, bandwidth=gpus * 3.35e12 * mbu,
                flops=gpus * 989e12 * mfu, overhead_s=overhead_s)
 
-  def step_time(self, active: int) -> float:
+  def step_time(self, active: int, context: float = 0.0) -> float:
+    del context
     memory = (self.weight_bytes + active * self.kv_bytes_per_token * self.mean_context) / self.bandwidth
     compute = active * 2.0 * self.params / self.flops
     return max(memory, compute) + self.overhead_s
@@ -85,11 +95,15 @@ class TabulatedDecode:
   What a measured engine gives: its step time is not linear in the active count (decode runs on
   power-of-two buckets of slots, and a core shared by several server processes takes their steps
   in turn), so the measurements are used as they are. Below the first point the first value holds;
-  beyond the last, the last segment's slope continues.
+  beyond the last, the last segment's slope continues. The table holds at mean context
+  `context_ref`; an engine whose decode attends over each request's own cache costs more with
+  longer contexts, by a factor `1 + context_slope · (context − context_ref)` (measured too).
   """
 
   active: tuple[int, ...]
   step_s: tuple[float, ...]
+  context_ref: float = 0.0
+  context_slope: float = 0.0
 
   def __post_init__(self):
     object.__setattr__(self, "active", tuple(int(a) for a in self.active))
@@ -100,9 +114,18 @@ class TabulatedDecode:
       raise ValueError(f"active counts must be >= 1 and increasing, got {self.active}")
     if min(self.step_s) <= 0:
       raise ValueError(f"step times must be > 0, got {self.step_s}")
+    if self.context_slope < 0:
+      raise ValueError(f"context_slope must be >= 0, got {self.context_slope}")
 
-  def step_time(self, active: int) -> float:
-    return _interp(active, self.active, self.step_s)
+  @property
+  def context_sensitive(self) -> bool:
+    return self.context_slope > 0
+
+  def step_time(self, active: int, context: float = 0.0) -> float:
+    step = _interp(active, self.active, self.step_s)
+    if self.context_slope:
+      step *= max(1.0 + self.context_slope * (context - self.context_ref), 0.1)
+    return step
 
 
 def _interp(x: float, xs: tuple, ys: tuple) -> float:

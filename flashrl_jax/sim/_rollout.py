@@ -155,9 +155,9 @@ class RolloutPool:
 
   def _reschedule(self, worker: Worker) -> None:
     self._loads[worker.wid] = worker.load
-    t = worker.next_finish(self.loop.now)
-    if t is not None:
-      self.loop.at(t, self._on_finish, worker, worker.epoch)
+    event = worker.next_finish(self.loop.now)
+    if event is not None:
+      self.loop.at(event[0], self._on_finish, worker, worker.epoch, event[1])
 
   def _activity(self) -> None:
     busy = bool(self.pending) or bool(self._loads.any())
@@ -172,12 +172,14 @@ class RolloutPool:
         worker.set_slow(self.loop.now, factor)
         self._reschedule(worker)
 
-  def _on_finish(self, worker: Worker, epoch: int) -> None:
+  def _on_finish(self, worker: Worker, epoch: int, finishing: bool = True) -> None:
     if epoch != worker.epoch:
       return  # superseded by a later change on this worker
     now = self.loop.now
-    done = worker.pop_finished(now)
+    done = worker.pop_finished(now, finishing)
     self._reschedule(worker)
+    if not done:
+      return  # a re-timing of a long decode, nothing finished
     self.dispatch.finished(self, done, now)
     self.dispatch.kick(self, now)
     self._activity()

@@ -9,7 +9,9 @@ has decoded since the worker started) and gives each request a finish threshold
 admissions, finishes and pauses: O(samples), not O(tokens).
 
 Prefill and weight loads *block* the worker (no decode progress) for their duration; prefill counts
-as busy time, a pause does not.
+as busy time, a pause does not. When the step time depends on the requests' contexts (which grow as
+they decode), a decode is re-timed every `REFRESH_TOKENS` tokens, so a long tail is not priced at
+the contexts it started with.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import itertools
 from flashrl_jax.sim import _costs
 
 _EPS = 1e-9
+REFRESH_TOKENS = 16.0
 
 
 class Group:
@@ -81,6 +84,9 @@ class Worker:
     self.prefill_s_per_token = prefill_s_per_token
     self.request_s = request_s
     self.slow = 1.0  # time multiplier of every cost, while a co-located trainer competes
+    # Σ (prompt − progress at admission) over active requests: their mean context is
+    # `_context_base / a + progress` (each has decoded `progress − its start` tokens).
+    self._context_base = 0.0
     self.active: list[tuple[float, int, Request]] = []  # heap keyed by finish threshold
     self.progress = 0.0
     self.last = 0.0
@@ -116,10 +122,16 @@ class Worker:
     request.threshold = self.progress + request.length
     request.worker = self
     heapq.heappush(self.active, (request.threshold, next(self._seq), request))
+    self._context_base += request.prompt_tokens - self.progress
     self.epoch += 1
 
   def step_time(self) -> float:
-    return self.decode.step_time(len(self.active)) * self.slow
+    a = len(self.active)
+    context = self._context_base / a + self.progress if a else 0.0
+    return self.decode.step_time(a, context) * self.slow
+
+  def _leave(self, request: Request) -> None:
+    self._context_base -= request.prompt_tokens - (request.threshold - request.length)
 
   def set_slow(self, now: float, factor: float) -> None:
     """From `now` on, every cost takes `factor` times as long (progress so far is kept)."""
@@ -139,21 +151,29 @@ class Worker:
     self.block(now, seconds)
     self.busy_s += seconds
 
-  def next_finish(self, now: float) -> float | None:
+  def next_finish(self, now: float) -> tuple[float, bool] | None:
+    """(time, whether a request finishes then): the next finish, or — for a context-sensitive
+    decode model, a finish more than `REFRESH_TOKENS` away — the moment to re-time the step."""
     if not self.active:
       return None
     remaining = max(self.active[0][0] - self.progress, 0.0)
-    return max(now, self.blocked_until) + remaining * self.step_time()
+    finishing = True
+    if self.decode.context_sensitive and remaining > REFRESH_TOKENS:
+      remaining, finishing = REFRESH_TOKENS, False
+    return max(now, self.blocked_until) + remaining * self.step_time(), finishing
 
-  def pop_finished(self, now: float) -> list[Request]:
-    """Remove the head request (its finish event fired) and any others that tie with it."""
+  def pop_finished(self, now: float, finishing: bool = True) -> list[Request]:
+    """Remove the head request (its finish event fired) and any others that tie with it; with
+    `finishing` False (a re-timing event) only bring the progress up to `now`."""
     self.advance(now)
-    self.progress = max(self.progress, self.active[0][0])
     done = []
-    while self.active and self.active[0][0] <= self.progress + _EPS * max(1.0, self.progress):
-      _, _, request = heapq.heappop(self.active)
-      request.finish_time = now
-      done.append(request)
+    if finishing:
+      self.progress = max(self.progress, self.active[0][0])
+      while self.active and self.active[0][0] <= self.progress + _EPS * max(1.0, self.progress):
+        _, _, request = heapq.heappop(self.active)
+        request.finish_time = now
+        self._leave(request)
+        done.append(request)
     self.epoch += 1
     return done
 
@@ -166,6 +186,8 @@ class Worker:
     self.advance(now)
     keep = [item for item in self.active if item[2].group.gid not in doomed]
     gone = [item[2] for item in self.active if item[2].group.gid in doomed]
+    for request in gone:
+      self._leave(request)
     if gone:
       self.active = keep
       heapq.heapify(self.active)
