@@ -13,8 +13,9 @@ own objects from `flashrl_jax.scheduling`, not re-implementations: a `StalenessB
 many prompts may be issued (`dispatch_room`: the batch a new prompt lands in is at most α versions
 ahead of the weights the servers hold, which implies the paper's cap of (1+α)·B prompts in flight
 or buffered, and with α = 0 stops generation during training) and a `SampleBuffer` holds complete
-groups in completion order; the trainer at version t takes the first B whose every sample started at
-a version v ≥ t − α, and the staler ones are dropped (counted) and their prompts re-issued. After
+groups; the trainer at version t takes B of them whose every sample started at a version v ≥ t − α,
+earliest deadline (v + α) first, waiting for an in-flight group that would otherwise miss its
+deadline; the staler ones are dropped (counted) and their prompts re-issued. After
 each step the trainer publishes (export, then the servers pause, load and resume) before it takes
 the next batch, as the controller does.
 """
@@ -117,7 +118,10 @@ class AsyncTraining:
   def _try_train(self, run: Run) -> None:
     if run.trainer_busy or run.finished:
       return
-    taken = run.samples.take(run.config.batch_prompts, run.version)
+    # As the controller: earliest deadline first, waiting for an in-flight group that would
+    # otherwise miss its deadline.
+    taken = run.samples.take(run.config.batch_prompts, run.version,
+                             [g.start_version for g in run.in_flight()])
     if taken is not None and taken.stale:
       run.drop(taken.stale)
     if taken is not None and taken.groups:
