@@ -37,7 +37,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "model_path": ("model_path", "Initial policy (HF directory)."),
     "workdir": ("workdir", "Run directory (metrics, checkpoints, versions)."),
     "seed": ("seed", "Seed."),
-    "checkpoint_every": ("checkpoint_every", "Checkpoint period in steps (0: at the end)."),
+    "checkpoint_every": ("checkpoint_every", "Checkpoint period in steps (0: only at the end)."),
     "plot": ("plot", "Write PNG plots at the end."),
     "eval_every": ("eval_every", "Steps between exact expected-accuracy evaluations."),
     "num_env_groups": ("agentic.num_env_groups", "Agentic: env groups at once (redundant: > B)."),

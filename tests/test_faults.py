@@ -9,9 +9,11 @@ import json
 import os
 import urllib.request
 
+import pytest
+
 from flashrl_jax.fleet import (
-    PauseMode, RolloutClient, SamplingParams, Supervisor, SupervisorConfig, reap_orphans,
-    record_pids)
+    PauseMode, RolloutClient, SamplingParams, Supervisor, SupervisorConfig, VersionRefused,
+    reap_orphans, record_pids)
 from tests.rollout_stubs import VOCAB, configure, expected, start_stubs
 
 FAST = SupervisorConfig(poll_s=0.05, hang_failures=2, unhealthy_grace_s=5.0, rejoin_poll_s=0.1)
@@ -193,3 +195,31 @@ def test_external_server_that_comes_back_reloads_before_rejoining(tmp_path):
 
     sup = asyncio.run(main())
   assert sup.failures == 1 and sup.restarts == 0
+
+
+def test_refused_version_keeps_servers_in_rotation_on_their_weights(tmp_path):
+  """Servers that answer a weight update `success: false` are healthy and keep serving their
+  weights: the handoff raises VersionRefused after resuming generation, restarts nobody, and the
+  version a rejoining server loads stays the last one every server took."""
+  good, bad = tmp_path / "weight_v000001", tmp_path / "weight_v000002"
+  good.mkdir()  # the stub refuses a path that is not a directory: `bad` is never created
+  with start_stubs(2, "stub", log_dir=str(tmp_path)) as servers:
+
+    async def main():
+      async with _client(servers.urls) as client:
+        sup = Supervisor(client, servers=servers, config=FAST)
+        async with sup:
+          await sup.handoff(str(good), 1, PauseMode.ABORT)
+          prompts, tasks = _generate_all(client, 6, tokens=30)
+          await asyncio.sleep(0.05)
+          with pytest.raises(VersionRefused) as refused:
+            await sup.handoff(str(bad), 2, PauseMode.ABORT)
+          assert set(refused.value.refused) == set(servers.urls) and not refused.value.accepted
+          results = await asyncio.wait_for(asyncio.gather(*tasks), 20)  # nobody left paused
+          assert [r.output_ids for r in results] == [expected(p, 30)[0] for p in prompts]
+          assert sorted(client.urls) == sorted(servers.urls) and not sup.recovering
+          assert sup._served == (str(good), 1)
+          return sup.restarts, sup.failures
+
+    assert asyncio.run(main()) == (0, 0)
+    assert {_version(u) for u in servers.urls} == {"1"}

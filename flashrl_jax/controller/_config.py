@@ -162,7 +162,9 @@ class RunConfig:
   dynamic_filter: bool = False  # drop groups whose rewards are all equal, over-sample to refill
   mesh: str = "data:1,fsdp:1,tensor:1"
   seed: int = 0
-  checkpoint_every: int = 0  # steps; 0 = only at the end
+  # Steps between checkpoints (and at the end): a killed run resumes losing at most this many
+  # steps of work. 0 = only at the end.
+  checkpoint_every: int = 5
   keep_checkpoints: int = 2
   keep_versions: int = 4
   plot: bool = True

@@ -14,8 +14,8 @@ import shutil
 from typing import Any, Callable
 
 from flashrl_jax.model import Decoder
-from flashrl_jax.trainer import (Checkpointer, Trainer, Trajectory, VersionStore,
-                                 abstract_train_state, verify_version)
+from flashrl_jax.trainer import (Checkpointer, CorruptVersionError, Trainer, Trajectory,
+                                 VersionStore, abstract_train_state, verify_version)
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,7 @@ class Learner:
                evaluator: Callable[[Decoder], dict[str, float]] | None = None):
     self.trainer, self.store, self.checkpointer = trainer, store, checkpointer
     self.keep_versions, self.evaluator = keep_versions, evaluator
+    self._held: int | None = None  # the version the fleet serves: kept by garbage collection
 
   @property
   def policy_version(self) -> int:
@@ -40,13 +41,38 @@ class Learner:
     return self.trainer.update(trajectories)
 
   def export(self) -> str:
-    """Exports the current policy version, reusing an intact export left by a previous process."""
+    """Exports the current policy version, reusing an intact export left by a previous process
+    (a damaged one is written again)."""
     path = self.store.path(self.policy_version)
     if os.path.exists(path):
-      verify_version(path)  # raises on a damaged directory rather than serving it
-      return path
+      try:
+        verify_version(path)
+        return path
+      except CorruptVersionError as error:
+        log.error("the export of version %d is damaged (%s); writing it again",
+                  self.policy_version, error)
+        self.store.discard(self.policy_version)
     return self.store.export(self.trainer.model(), self.policy_version,
                              config=self.trainer.model_config, step=self.trainer.step)
+
+  def reexport(self) -> str:
+    """Writes the current version's export again from the trainer's weights (servers refused the
+    directory: it was damaged after it was written, or its disk fails)."""
+    self.store.discard(self.policy_version)
+    return self.export()
+
+  def hold(self, version: int) -> None:
+    """Keeps `version`'s export from garbage collection (the fleet serves it: a restarted server
+    loads it), releasing the one held before."""
+    if version == self._held:
+      return
+    try:
+      self.store.acquire(version)
+    except FileNotFoundError:  # not exported by this run (the servers' initial weights)
+      return
+    if self._held is not None:
+      self.store.release(self._held)
+    self._held = version
 
   def collect_garbage(self) -> None:
     """Deletes exported versions beyond the newest `keep_versions` that nothing holds."""

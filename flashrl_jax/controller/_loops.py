@@ -8,8 +8,15 @@ tasks), wait for the longest, score, train, publish — the baseline every speed
 against, in the same code base and at the same resources.
 
 After every update the loop publishes the new version (the learner exports it, the fleet hands it
-over), checkpoints when due (the source's position, with prompts in flight or buffered re-issued
-after a resume) and logs one metrics record.
+over), logs one metrics record, then checkpoints when due (the source's position, with prompts in
+flight or buffered re-issued after a resume). The record goes first: a process killed in between
+resumes from the previous checkpoint and redoes the step, whose record is rolled back with it, so
+no step is ever lost from the metrics nor counted twice.
+
+A version the servers refuse to load (its directory was damaged after it was written) is exported
+again from the learner's weights and published again; if they still refuse it, they go on serving
+the previous version (the fleet's version stays there, so the staleness bound stays exact) and the
+next update publishes the next one.
 """
 
 from __future__ import annotations
@@ -29,11 +36,15 @@ from flashrl_jax.controller._learner import Learner
 from flashrl_jax.controller._metrics import MetricsLogger, step_sample_metrics
 from flashrl_jax.controller._samples import Group
 from flashrl_jax.controller._source import PromptSource
-from flashrl_jax.fleet import Fleet, RequestRejected
+from flashrl_jax import _failpoints as failpoints
+from flashrl_jax.fleet import Fleet, RequestRejected, VersionRefused
 from flashrl_jax.scheduling import SampleBuffer, StalenessBound
 from flashrl_jax.trainer import Trajectory
 
 log = logging.getLogger(__name__)
+
+# Times a version the servers refused is exported again before they keep the previous one.
+MAX_REEXPORTS = 2
 
 
 def to_trajectories(groups: list[Group]) -> list[Trajectory]:
@@ -73,6 +84,7 @@ class Loop:
     self._last_busy: dict[str, float] = {}
     self._last_dropped = counters.dropped_stale
     self._fleet_seen = (0, 0)  # the fleet's (failures, restarts) already in `counters`
+    self._checkpoint_times: dict[str, float] = {}  # the last checkpoint's, for the next record
 
   async def run(self) -> None:
     # Servers start from whatever they loaded; make them serve exactly the learner's version.
@@ -85,19 +97,44 @@ class Loop:
   # --- one step's end: train, publish, checkpoint, log -------------------------------------------
 
   async def _publish(self) -> dict[str, float]:
+    version = self.learner.policy_version
     t0 = time.perf_counter()
     path = await asyncio.to_thread(self.learner.export)
     times = {"time/export_s": time.perf_counter() - t0}
-    times.update(await self.fleet.publish(path, self.learner.policy_version))
+    failpoints.hit("published", version, path=path)
+    for attempt in range(MAX_REEXPORTS + 1):
+      try:
+        times.update(await self.fleet.publish(path, version))
+        break
+      except VersionRefused as refused:
+        self.counters.versions_refused += 1
+        log.error("%s", refused)
+        if attempt < MAX_REEXPORTS:
+          path = await asyncio.to_thread(self.learner.reexport)
+          continue
+        if self.config.mode is Mode.ASYNC and self.config.async_ratio == 0:
+          raise RuntimeError(f"the servers refuse policy version {version}, and α = 0 cannot "
+                             "generate from any other") from refused
+        log.error("servers go on serving policy version %d; the next update publishes version "
+                  "%d", self.fleet.version, version + 1)
+    self.learner.hold(self.fleet.version)
     self.learner.collect_garbage()
     return times
+
+  def _update(self, trajectories: list[Trajectory]) -> dict[str, float]:
+    failpoints.hit("train", self.learner.policy_version, urls=self.fleet.urls)
+    return self.learner.update(trajectories)
 
   async def _train_and_publish(self, groups: list[Group], step: int, times: dict[str, float],
                                step_start: float) -> None:
     cfg = self.config
     sample_metrics = step_sample_metrics(groups, self.learner.policy_version)
     t0 = time.perf_counter()
-    train_metrics = await asyncio.to_thread(self.learner.update, to_trajectories(groups))
+    train_metrics = await asyncio.to_thread(self._update, to_trajectories(groups))
+    # The trainer's staleness (from each token's behaviour version) keeps its own name beside
+    # the controller's (from the groups' start versions), so each can check the other.
+    train_metrics = {f"trainer/{k}" if k.startswith("staleness") else k: v
+                     for k, v in train_metrics.items()}
     t1 = time.perf_counter()
     handoff = await self._publish()
     self.counters.samples_trained += sample_metrics["num_samples"]
@@ -124,16 +161,21 @@ class Loop:
         "client_retries": stats.client.num_retries,
         "client_malformed": stats.client.num_malformed,
         "client_continuations": stats.client.num_continuations,
-        **self.runner.report(), **self.counters.totals(),
+        **self.runner.report(), **self.counters.totals(), **self._checkpoint_times,
         "sample_ids": [r.sample_id for g in groups for r in g.responses],
+        # The oldest weight version the servers reported for any token of each sample (aligned
+        # with sample_ids): the staleness bound checked from the servers' own words.
+        "sample_min_token_version": [min(r.token_versions, default=r.start_version)
+                                     for g in groups for r in g.responses],
     }
-    record.update(await self._checkpoint_if_due(step + 1))
     if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
       record.update(await asyncio.to_thread(self.learner.evaluate) or {})
     if step == 0 and self.initial_eval:
       record.update({k.replace("eval/", "eval/initial_", 1): v for k, v in self.initial_eval.items()})
     self.logger.log(record)
     self.on_step(record)
+    # After the record (see the module docstring); its time is reported with the next step.
+    self._checkpoint_times = await self._checkpoint_if_due(step + 1)
 
   async def _checkpoint_if_due(self, step: int) -> dict[str, float]:
     cfg = self.config

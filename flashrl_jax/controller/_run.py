@@ -21,6 +21,7 @@ import os
 import time
 from typing import Any, Callable
 
+from flashrl_jax import _failpoints as failpoints
 from flashrl_jax import envs
 from flashrl_jax.controller._agent_proxy import AgentProxy
 from flashrl_jax.controller._agentic import make_env_runner
@@ -82,6 +83,8 @@ def _start_servers(config: RunConfig, placement: Placement, log_dir: str,
   # A trajectory must fit one packed training row, so that is the servers' context too.
   extra = (f"--max_running_requests={r.max_running_requests}",
            f"--context_length={config.train.batch.row_length}", "--weight_version=0")
+  if failpoints.needs_engine_kill():  # a fault test stops an engine thread through its route
+    extra += ("--enable_fault_injection",)
   command = None
   if r.backend is RolloutBackend.STUB:  # run as a script: no JAX import, starts in a blink
     command = stub_server_command()

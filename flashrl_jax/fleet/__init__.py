@@ -21,12 +21,13 @@ from flashrl_jax.fleet._local import LocalServers, ServerSpec, device_env, free_
 from flashrl_jax.fleet._protocol import (FinishKind, FinishReason, MalformedResponse, PauseMode,
                                          SamplingParams, VersionSpan)
 from flashrl_jax.fleet._servers import ServerOpError
-from flashrl_jax.fleet._supervisor import Supervisor, SupervisorConfig, reap_orphans, record_pids
+from flashrl_jax.fleet._supervisor import (Supervisor, SupervisorConfig, VersionRefused,
+                                           reap_orphans, record_pids)
 
 __all__ = [
     "ClientStats", "FinishKind", "FinishReason", "Fleet", "FleetStats", "GenerationError",
     "GenerationResult",
     "LocalServers", "MalformedResponse", "PauseMode", "RequestRejected", "RolloutClient",
     "SamplingParams", "ServerOpError", "ServerSpec", "Supervisor", "SupervisorConfig",
-    "VersionSpan", "device_env", "free_port", "reap_orphans", "record_pids", "split_cpus",
+    "VersionRefused", "VersionSpan", "device_env", "free_port", "reap_orphans", "record_pids", "split_cpus",
 ]

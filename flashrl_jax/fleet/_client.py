@@ -23,8 +23,8 @@ from typing import Any
 
 from flashrl_jax.fleet import _protocol as proto
 from flashrl_jax.fleet._protocol import FinishKind, PauseMode, SamplingParams
-from flashrl_jax.fleet._servers import (AttemptFailed, Fault, Server, ServerPool, ServerStats,
-                                          json_parser)
+from flashrl_jax.fleet._servers import (AttemptFailed, Fault, HTTPStatusError, Server, ServerPool,
+                                        ServerStats, json_parser)
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +275,8 @@ class RolloutClient:
                                      abort_all_requests: bool = False, flush_cache: bool = True,
                                      urls: Sequence[str] | None = None
                                      ) -> dict[str, proto.UpdateWeightsResult]:
+    """Raises `ServerOpError` if any server did not load it; its `refused` holds the servers that
+    answered `success: false` (they keep serving their weights: the directory is at fault)."""
     def parse(text: str) -> proto.UpdateWeightsResult:
       res = proto.UpdateWeightsResult.from_json(proto.loads_json(text))
       if not res.success:
@@ -282,8 +284,9 @@ class RolloutClient:
       return res
     body = {"model_path": model_path, "weight_version": str(version),
             "abort_all_requests": abort_all_requests, "flush_cache": flush_cache}
-    return await self._op("update_weights_from_disk", "POST", "/update_weights_from_disk", body,
-                          parse, urls)
+    return await self._pool.fan_out("update_weights_from_disk", "POST",
+                                    "/update_weights_from_disk", body, parse, urls,
+                                    self.op_timeout_s, refusal=_update_refusal)
 
   async def abort_all(self, *, urls: Sequence[str] | None = None) -> dict[str, None]:
     """Aborts every request; their callers get partial results (finish ABORT), not continuations."""
@@ -355,3 +358,17 @@ class RolloutClient:
     task = asyncio.ensure_future(coro)
     self._background.add(task)  # keep a reference until done
     task.add_done_callback(self._background.discard)
+
+
+def _update_refusal(error: BaseException) -> str | None:
+  """The server's reason when it answered a weight update with `success: false` (HTTP 400 with
+  SGLang's JSON); None when the server itself failed (no answer, 5xx, garbage)."""
+  if not isinstance(error, HTTPStatusError) or error.status != 400:
+    return None
+  try:
+    answer = proto.loads_json(error.text)
+  except proto.MalformedResponse:
+    return None
+  if isinstance(answer, dict) and answer.get("success") is False:
+    return str(answer.get("message") or "refused")
+  return None

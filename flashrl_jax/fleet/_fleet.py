@@ -70,11 +70,18 @@ class Fleet:
 
     Servers that fail the handoff leave rotation and rejoin on this version once recovered;
     requests in flight survive (continued under the new weights in abort mode, kept in place in
-    in_place mode).
+    in_place mode). Raises `VersionRefused` if servers refused the directory: they go on serving
+    their weights, and `version` stays what every server serves (the previous one).
     """
     times = await self._supervisor.handoff(path, version, self.pause_mode)
     self.version = version
     return times
+
+  @property
+  def urls(self) -> list[str]:
+    """Every server, in launch order (local servers), whether in rotation or not."""
+    servers = self._supervisor.servers
+    return list(servers.urls) if servers is not None else list(self.client.urls)
 
   def stats(self) -> FleetStats:
     sup = self._supervisor

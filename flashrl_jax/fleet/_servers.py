@@ -42,11 +42,24 @@ class AttemptFailed(Exception):
     self.fault = fault
 
 
-class ServerOpError(RuntimeError):
-  """A controller operation failed on some servers; `failures` maps url → reason."""
+class HTTPStatusError(RuntimeError):
+  """A server answered a controller operation with a status other than 200."""
 
-  def __init__(self, op: str, failures: dict[str, str], results: dict[str, Any]):
+  def __init__(self, status: int, text: str):
+    super().__init__(f"HTTP {status}: {text[:300]}")
+    self.status, self.text = status, text
+
+
+class ServerOpError(RuntimeError):
+  """A controller operation failed on some servers; `failures` maps url → reason.
+
+  `refused`: the failures that were answers refusing the operation (the server is up and kept its
+  state, e.g. a weight directory it would not load), as opposed to servers that failed."""
+
+  def __init__(self, op: str, failures: dict[str, str], results: dict[str, Any],
+               refused: dict[str, str] | None = None):
     self.op, self.failures, self.results = op, failures, results
+    self.refused = refused or {}
     lines = "; ".join(f"{url}: {why}" for url, why in failures.items())
     super().__init__(f"{op} failed on {len(failures)}/{len(failures) + len(results)} "
                      f"server(s): {lines}")
@@ -172,21 +185,25 @@ class ServerPool:
       raise AttemptFailed(Fault.CONNECTION, f"{method} {url}{path}: {e!r}") from None
 
   async def fan_out(self, op: str, method: str, path: str, body: Any, parse: Callable[[str], T],
-                    urls: Sequence[str] | None, timeout_s: float) -> dict[str, T]:
-    """Runs one call on every server (or `urls`) at once; raises `ServerOpError` on any failure."""
+                    urls: Sequence[str] | None, timeout_s: float,
+                    refusal: Callable[[BaseException], str | None] = lambda e: None
+                    ) -> dict[str, T]:
+    """Runs one call on every server (or `urls`) at once; raises `ServerOpError` on any failure
+    (`refusal(error)` names the failures that are a refusal, not a failed server)."""
     targets = [u.rstrip("/") for u in (urls if urls is not None else self.servers)]
 
     async def one(url: str) -> T:
       status, text = await self.http(url, method, path, body, timeout_s)
       if status != 200:
-        raise RuntimeError(f"HTTP {status}: {text[:300]}")
+        raise HTTPStatusError(status, text)
       return parse(text)
 
     got = await asyncio.gather(*(one(u) for u in targets), return_exceptions=True)
     results = {u: r for u, r in zip(targets, got) if not isinstance(r, BaseException)}
-    failures = {u: str(r) for u, r in zip(targets, got) if isinstance(r, BaseException)}
-    if failures:
-      raise ServerOpError(op, failures, results)
+    errors = {u: r for u, r in zip(targets, got) if isinstance(r, BaseException)}
+    if errors:
+      refused = {u: why for u, e in errors.items() if (why := refusal(e)) is not None}
+      raise ServerOpError(op, {u: str(e) for u, e in errors.items()}, results, refused)
     return results
 
   async def probe(self, url: str, path: str = "/health") -> bool:

@@ -9,7 +9,10 @@ it when it is one of ours (`LocalServers`) or retries until it answers when it i
 makes it load the policy version the others serve, and only then adds it back. Publishes and
 rejoins hold one lock, so a server never misses a version in between. A weight publish that fails
 on some servers goes on with the others and hands the failed ones to the same recovery path,
-instead of crashing the run and leaving the rest paused.
+instead of crashing the run and leaving the rest paused. A server that *refuses* a version (answers
+`success: false`: it could not load the directory and keeps serving its weights) is healthy and is
+not restarted: the handoff raises `VersionRefused` once generation has resumed, so the controller
+can re-export the version, and servers that rejoin keep loading the last version every server took.
 
 A server counts as failed when its process exits, when the client has marked it down for longer
 than `unhealthy_grace_s`, when it is out of rotation and has failed `sick_probes` background
@@ -33,6 +36,7 @@ import time
 import urllib.error
 import urllib.request
 
+from flashrl_jax import _failpoints as failpoints
 from flashrl_jax.fleet._client import RolloutClient
 from flashrl_jax.fleet._local import LocalServers
 from flashrl_jax.fleet._protocol import PauseMode
@@ -48,6 +52,18 @@ class SupervisorConfig:
   unhealthy_grace_s: float = 30.0  # marked down by the client this long: restart / re-admit
   sick_probes: int = 2  # out of rotation and failing this many /health probes in a row: restart
   rejoin_poll_s: float = 1.0  # how often an external server that left is probed
+
+
+class VersionRefused(RuntimeError):
+  """Servers refused to load a published version (they serve their previous weights).
+
+  `refused` maps url → the server's reason; `accepted` lists the servers now serving it."""
+
+  def __init__(self, version: int, path: str, refused: dict[str, str], accepted: list[str]):
+    self.version, self.path, self.refused, self.accepted = version, path, refused, accepted
+    reasons = "; ".join(f"{url}: {why[:300]}" for url, why in refused.items())
+    super().__init__(f"{len(refused)} server(s) refused policy version {version} ({path}): "
+                     f"{reasons}")
 
 
 @dataclasses.dataclass
@@ -96,30 +112,43 @@ class Supervisor:
   # --- weight publishes that tolerate failed servers ---------------------------------------------
 
   async def handoff(self, path: str, version: int, pause_mode: PauseMode) -> dict[str, float]:
-    """pause -> load -> continue on every server in the client; servers that fail go to recovery."""
+    """pause -> load -> continue on every server in the client; servers that fail go to recovery.
+
+    Raises `VersionRefused` (after generation resumed) if servers refused the directory."""
+    refused: dict[str, str] = {}
     async with self.lock:
       t1 = time.perf_counter()
       urls = await self._tolerant(lambda u: self.client.pause(pause_mode, urls=u), self.client.urls)
+      failpoints.hit("handoff", version, servers=self.servers, urls=urls)
       t2 = time.perf_counter()
       try:
-        await self._tolerant(
-            lambda u: self.client.update_weights_from_disk(path, str(version), urls=u), urls)
-        self._served = (path, version)  # servers recovering from now on load this one
+        loaded = await self._tolerant(
+            lambda u: self.client.update_weights_from_disk(path, str(version), urls=u), urls,
+            refused)
+        if not refused:
+          self._served = (path, version)  # servers recovering from now on load this one
       finally:
         t3 = time.perf_counter()
         await self._tolerant(lambda u: self.client.continue_generation(urls=u), self.client.urls)
       t4 = time.perf_counter()
+    if refused:
+      raise VersionRefused(version, path, refused, loaded)
     return {"time/pause_s": t2 - t1, "time/load_s": t3 - t2, "time/resume_s": t4 - t3}
 
-  async def _tolerant(self, op, urls: list[str]) -> list[str]:
-    """Runs a fan-out op on `urls`; failed servers go to recovery. Returns those it worked on."""
+  async def _tolerant(self, op, urls: list[str],
+                      refused: dict[str, str] | None = None) -> list[str]:
+    """Runs a fan-out op on `urls`; failed servers go to recovery, servers that refused (only with
+    `refused` given) are recorded there and stay. Returns those it worked on."""
     while True:
       try:
         await op(list(urls))
         return list(urls)
       except ServerOpError as error:
         for url, why in error.failures.items():
-          self._fail(url, f"{error.op} failed: {why}")
+          if refused is not None and url in error.refused:
+            refused[url] = error.refused[url]
+          else:
+            self._fail(url, f"{error.op} failed: {why}")
         urls = [u for u in urls if u not in error.failures]  # again, so the op's state is set
 
   # --- watching ----------------------------------------------------------------------------------
@@ -194,11 +223,22 @@ class Supervisor:
     else:  # external: wait until it answers, without holding the lock meanwhile
       while not await asyncio.to_thread(_answers, url):
         await asyncio.sleep(self.config.rejoin_poll_s)
-    async with self.lock:  # no publish in between: the version loaded is the one served
-      if self._served is not None:  # else the fleet still serves what every server starts with
-        path, version = self._served
-        await self.client.update_weights_from_disk(path, str(version), urls=[url])
-      self.client.add_server(url)
+    while True:
+      async with self.lock:  # no publish in between: the version loaded is the one served
+        try:
+          if self._served is not None:  # else the fleet serves what every server starts with
+            path, version = self._served
+            await self.client.update_weights_from_disk(path, str(version), urls=[url])
+          self.client.add_server(url)
+          break
+        except ServerOpError as error:
+          if url not in error.refused:
+            raise  # the server failed again: restart it again
+          # The directory is refused (damaged since it was served?): the server is fine. Wait for
+          # the next publish (which replaces `_served`) rather than restarting it in a loop.
+          log.error("%s refused to rejoin on %s: %s; waiting for the next version", url,
+                    self._served, error.refused[url])
+      await asyncio.sleep(self.config.rejoin_poll_s)
     log.info("rollout server %s rejoined at policy version %s", url,
              self._served[1] if self._served else "(initial)")
 

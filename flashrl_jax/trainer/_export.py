@@ -42,6 +42,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
+from flashrl_jax import _failpoints as failpoints
 from flashrl_jax.model import (MANIFEST, CorruptVersionError, ModelConfig, hf_tensors,
                                sha256_file, verify_version, write_hf_dir)
 from flashrl_jax.trainer._distributed import to_host
@@ -101,6 +102,7 @@ def _write_version(config: ModelConfig, tensors, version: int, step: int | None,
       json.dump(manifest, f, indent=1)
     sync(os.path.join(tmp, MANIFEST))
     sync(tmp)
+    failpoints.hit("export", version)  # written, not yet published
     if os.path.exists(final):  # A concurrent writer of the same version won; keep theirs.
       raise FileExistsError(f"Policy version {version} appeared at {final} while writing it.")
     os.rename(tmp, final)
@@ -195,6 +197,16 @@ class VersionStore:
              step: int | None = None, durable: bool = True) -> str:
     return export_version(state_or_model, version, self.root_dir, config=config, dtype=dtype,
                           step=step, durable=durable)
+
+  def discard(self, version: int) -> None:
+    """Deletes version `version` whatever holds it (a damaged export, to be written again)."""
+    with self._lock:
+      if not os.path.isdir(self.path(version)):
+        return
+      trash = os.path.join(self.root_dir, f"{_TRASH}{uuid.uuid4().hex[:8]}-"
+                                          f"{version_dirname(version)}")
+      os.rename(self.path(version), trash)
+    shutil.rmtree(trash, ignore_errors=True)
 
   def acquire(self, version: int) -> str:
     """Marks `version` in use (gc keeps it until a matching `release`); returns its path."""
