@@ -1,7 +1,8 @@
 """Whole runs as a user launches them (`python -m experiments.train`: server processes + trainer over
 loopback): both the sync baseline and async α=2 learn the demo task — the held-out probability of the
 exact answer, computed without sampling noise, goes up — and the staleness of every consumed sample
-respects the bound (0 for sync)."""
+respects the bound (0 for sync), three times over: from the weight versions the servers reported for
+each sample's tokens, from the trainer's own per-token metric, and from the controller's histogram."""
 
 import json
 import os
@@ -44,6 +45,11 @@ def test_run_learns_and_respects_staleness(tmp_path, demo_model, mode_flags, alp
   assert [r["step"] for r in records] == list(range(1, steps + 1))
   assert [r["policy_version"] for r in records] == list(range(1, steps + 1))
   for r in records:
+    # The servers' word: every token of a sample trained at version step-1 came from a version
+    # at most α older (and none from the future).
+    assert len(r["sample_min_token_version"]) == len(r["sample_ids"])
+    assert all(0 <= r["step"] - 1 - v <= alpha for v in r["sample_min_token_version"]), r["step"]
+    assert r["trainer/staleness_max"] <= alpha and r["trainer/staleness_negative_frac"] == 0
     stalenesses = [int(k) for k in r["staleness_hist"]]
     assert max(stalenesses) <= alpha, r["staleness_hist"]
     assert sum(r["staleness_hist"].values()) == r["num_samples"] == 128

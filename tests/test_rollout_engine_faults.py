@@ -160,7 +160,7 @@ def test_killed_engine_refuses_new_work_and_fails_what_it_held(engine):
   with pytest.raises(EngineShutDown):
     engine.kill().result(30)
   out = held.result(30)
-  assert out.error is not None and not engine.alive
+  assert out.error is not None and out.error_status == 503 and not engine.alive
   with pytest.raises(EngineShutDown):
     engine.submit([5, 6], GREEDY)
   with pytest.raises(EngineShutDown):

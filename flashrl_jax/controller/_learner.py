@@ -58,6 +58,7 @@ class Learner:
   def reexport(self) -> str:
     """Writes the current version's export again from the trainer's weights (servers refused the
     directory: it was damaged after it was written, or its disk fails)."""
+    log.warning("writing policy version %d again", self.policy_version)
     self.store.discard(self.policy_version)
     return self.export()
 

@@ -77,8 +77,8 @@ class RunSummary:
   workdir: str
 
 
-def _start_servers(config: RunConfig, placement: Placement, log_dir: str,
-                   vocab_size: int) -> LocalServers:
+def _start_servers(config: RunConfig, placement: Placement, log_dir: str, vocab_size: int,
+                   pid_file: str) -> LocalServers:
   r = config.rollout
   # A trajectory must fit one packed training row, so that is the servers' context too.
   extra = (f"--max_running_requests={r.max_running_requests}",
@@ -92,7 +92,8 @@ def _start_servers(config: RunConfig, placement: Placement, log_dir: str,
              "--weight_version=0")
   return LocalServers.start(config.model_path, r.num_servers, cpu_sets=placement.server_cpus,
                             server_env=placement.server_env, extra_args=extra, log_dir=log_dir,
-                            command=command)
+                            command=command,
+                            on_spawn=lambda servers: record_pids(pid_file, servers))
 
 
 @contextlib.contextmanager
@@ -103,9 +104,10 @@ def _local_servers(config: RunConfig, placement: Placement, workdir: str, vocab_
   if config.rollout.backend is RolloutBackend.SGLANG:
     yield None
     return
-  servers = _start_servers(config, placement, os.path.join(workdir, "server_logs"), vocab_size)
+  # Every process is recorded as it starts (a restart too), for `reap_orphans` after a SIGKILL.
+  servers = _start_servers(config, placement, os.path.join(workdir, "server_logs"), vocab_size,
+                           pid_file)
   try:
-    record_pids(pid_file, servers)
     yield servers
   finally:
     servers.stop()

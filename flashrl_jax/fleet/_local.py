@@ -23,7 +23,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from absl import app as absl_app
 from absl import flags
@@ -74,9 +74,13 @@ def device_env(i: int, gpu_ids=None, tpu_ids=None) -> dict[str, str]:
 class LocalServers:
   """A set of local server processes. Use `LocalServers.start(...)`, then `with` or `stop()`."""
 
-  def __init__(self, specs: Sequence[ServerSpec], startup_timeout_s: float):
+  def __init__(self, specs: Sequence[ServerSpec], startup_timeout_s: float,
+               on_spawn: Callable[[LocalServers], None] | None = None):
+    """`on_spawn(self)` runs right after each process starts (before it is ready): e.g. to record
+    its pid, so a controller killed during a (re)start leaves no server nobody can find."""
     self.specs = list(specs)
     self.startup_timeout_s = startup_timeout_s
+    self.on_spawn = on_spawn
     self._procs: list[subprocess.Popen | None] = [None] * len(specs)
 
   @classmethod
@@ -89,7 +93,8 @@ class LocalServers:
             log_dir: str | None = None, python: str = sys.executable,
             env: dict[str, str] | None = None,
             server_env: Sequence[dict[str, str]] | None = None,
-            command: Sequence[str] | None = None) -> LocalServers:
+            command: Sequence[str] | None = None,
+            on_spawn: Callable[[LocalServers], None] | None = None) -> LocalServers:
     """Starts `num_servers` processes of `python -m module --model_path=... --port=...` in parallel
     and waits for each to answer `GET /health` 200 (raising with its log tail if one dies).
 
@@ -120,7 +125,7 @@ class LocalServers:
               f"--port={port}", f"--host={host}", *extra_args)
       specs.append(ServerSpec(argv, tuple(sorted(penv.items())), cpus, f"http://{host}:{port}",
                               os.path.join(log_dir, f"server_{i}_{port}.log")))
-    servers = cls(specs, startup_timeout_s)
+    servers = cls(specs, startup_timeout_s, on_spawn)
     try:
       for i in range(num_servers):
         servers._spawn(i)
@@ -181,6 +186,8 @@ class LocalServers:
       self._procs[i] = subprocess.Popen(spec.argv, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=dict(spec.env),
                                         start_new_session=True)
+    if self.on_spawn is not None:
+      self.on_spawn(self)
 
   def _wait_ready(self, i: int) -> None:
     spec, proc = self.specs[i], self._procs[i]

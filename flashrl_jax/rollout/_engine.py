@@ -282,7 +282,7 @@ class Engine:
     finally:
       with self._cv:
         self._stopping = True  # refuse new work: nothing would ever run it
-      self._abort_everything("the engine shut down", error=True)
+      self._abort_everything("the engine shut down", error=503)
       with self._cv:
         for _, _, future in self._commands:
           future.set_exception(EngineShutDown("the engine is shut down."))
@@ -491,13 +491,12 @@ class Engine:
 
   # --- control commands (engine thread) ----------------------------------------------------------
 
-  def _abort_everything(self, message: str, *, held_too: bool = True, error: bool = False) -> int:
+  def _abort_everything(self, message: str, *, held_too: bool = True, error: int = 0) -> int:
     return self._abort_matching(lambda r: True, message, held_too=held_too, error=error)
 
-  def _abort_matching(self, match, message: str, *, held_too: bool = True,
-                      error: bool = False) -> int:
-    """Finishes every matching request (queued, held, running) with its partial output; with
-    `error`, as failed (the server answers 5xx: retry elsewhere, not a continuation here)."""
+  def _abort_matching(self, match, message: str, *, held_too: bool = True, error: int = 0) -> int:
+    """Finishes every matching request (queued, held, running) with its partial output; with an
+    `error` status, as failed (the server answers it: retry elsewhere, not a continuation here)."""
     with self._cv:
       victims = [r for r in self._waiting if match(r)]
       self._waiting = collections.deque(r for r in self._waiting if not match(r))
@@ -510,7 +509,7 @@ class Engine:
         victims.append(request)
     for request in victims:
       if error:
-        self._fail(request, None, message)
+        self._fail(request, None, message, status=error)
       else:
         self._finish(request, FinishReason(FinishKind.ABORT, message=message))
     return len(victims)

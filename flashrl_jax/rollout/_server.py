@@ -118,8 +118,8 @@ def _failure(engine: Engine, outputs: list[Output]) -> web.Response | None:
   failed = [out for out in outputs if out.error is not None]
   if not failed:
     return None
-  status = 400 if all(out.error_status == 400 for out in failed) else (
-      500 if engine.alive else 503)
+  statuses = {out.error_status for out in failed}
+  status = 400 if statuses == {400} else 503 if 503 in statuses or not engine.alive else 500
   return _error(f"{len(failed)} of {len(outputs)} sample(s) failed in the engine: "
                 f"{failed[0].error}", status)
 
