@@ -3,7 +3,7 @@
 Each case is a valid request with one to three mutations (a field set to a hostile value, removed,
 or given a hostile type), or a raw body no JSON encoder would produce (NaN, 1e400, 5,000-digit
 integers, nesting thousands deep, invalid UTF-8, lone surrogates, a bad Content-Encoding), spread
-over the server's routes. It never produces a request that legitimately stops other work (a valid
+over the server's routes (the native ones and the OpenAI-compatible ones). It never produces a request that legitimately stops other work (a valid
 pause, `abort_all`, a weight update from a good directory), so a valid request interleaved with the
 cases must get the same answer throughout.
 """
@@ -50,6 +50,11 @@ SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "st
                  "spaces_between_special_tokens", "no_stop_trim", "sampling_seed",
                  "frequency_penalty", "presence_penalty", "repetition_penalty", "json_schema",
                  "regex", "stream_interval", "logit_bias", "bogus")
+OPENAI_KEYS = ("prompt", "messages", "n", "max_tokens", "max_completion_tokens", "temperature",
+               "top_p", "stop", "seed", "logprobs", "top_logprobs", "stream", "echo", "suffix",
+               "best_of", "response_format", "tool_choice", "tools", "min_tokens",
+               "stop_token_ids", "stop_regex", "chat_template_kwargs", "add_generation_prompt",
+               "continue_final_message", "input_ids", "stream_options", "bogus")
 TEXTS = ("hello", "", "\ud800", "a\udc00b", "\x00\x01\x7f", "\U0001F600" * 50, "x" * 5000,
          "y" * 4096, "\u202e\ufeff", "<|endoftext|>" * 10)
 
@@ -114,14 +119,37 @@ def _generate_body(rng: random.Random) -> dict:
   return body
 
 
+def _openai_body(rng: random.Random) -> tuple[str, dict]:
+  if rng.random() < 0.5:
+    path, body = "/v1/completions", {"prompt": rng.choice(TEXTS[:1] + TEXTS)}
+  else:
+    message = {"role": "user", "content": rng.choice(TEXTS[:1] + TEXTS)}
+    path, body = "/v1/chat/completions", {"messages": [message]}
+  body.update(max_tokens=rng.choice([1, 4]), temperature=0)
+  for _ in range(rng.randint(1, 3)):
+    kind = rng.random()
+    if kind < 0.7:
+      body[rng.choice(OPENAI_KEYS)] = _value(rng)
+    elif kind < 0.85 and isinstance(body.get("messages"), list) and body["messages"] and \
+        isinstance(body["messages"][0], dict):
+      body["messages"] = [{rng.choice(["role", "content", "name", "tool_calls"]): _value(rng),
+                           **body["messages"][0]}] * rng.randint(1, 3)
+    else:
+      body["stream"] = True
+  return path, body
+
+
 def cases(seed: int, count: int, bad_weight_dirs: list[str]) -> list[Case]:
   """`count` cases; update requests point only at `bad_weight_dirs` or at hostile paths."""
   rng = random.Random(seed)
   out = []
   for i in range(count):
     r = rng.random()
-    if r < 0.6:
+    if r < 0.45:
       out.append(Case("POST", "/generate", encode(_generate_body(rng)), label=f"generate#{i}"))
+    elif r < 0.6:
+      path, body = _openai_body(rng)
+      out.append(Case("POST", path, encode(body), label=f"openai#{i}"))
     elif r < 0.68:
       raw = rng.choice([b"{not json", b"\xff\xfe\x00{", b"[1,2]", b"null", b'"str"', b"{}",
                         b"{" * 100_000, b'{"text": "\xed\xa0\x80"}', b"\x00" * 64,

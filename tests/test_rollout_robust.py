@@ -1,7 +1,8 @@
 """No request and no weight directory kills the engine or gets a 5xx, against a real
 `python -m flashrl_jax.rollout.server` subprocess over loopback.
 
-- Fuzz: 300 malformed or adversarial requests (`tests/fuzz_requests.py`, seeded) over every route,
+- Fuzz: 300 malformed or adversarial requests (`tests/fuzz_requests.py`, seeded) over every route
+  (native and OpenAI-compatible),
   8 at a time, with a valid greedy request in every round whose answer must not change: no answer
   is 5xx, every JSON answer is strict JSON, every 200 from /generate passes the client's protocol
   validator (finite log-probs, ids in the vocabulary), and the engine is alive and clean at the end.
@@ -94,6 +95,12 @@ async def _valid(s, url) -> tuple:
 def _check_answer(case: fuzz_requests.Case, status: int, text: str) -> None:
   where = f"{case.label} {case.method} {case.path} {case.body[:300] if case.body else b''!r}"
   assert status < 500, f"{status} for {where}: {text[:500]}"
+  if case.path.startswith("/v1/") and status == 200:  # strict JSON, or strict JSON events
+    for line in text.splitlines() if text.startswith("data:") else [text]:
+      line = line[len("data:"):].strip() if line.startswith("data:") else line
+      if line and line != "[DONE]":
+        _strict_json(line)
+    return
   if case.path != "/generate" or status != 200:
     if text.lstrip().startswith(("{", "[")):
       _strict_json(text)

@@ -12,10 +12,14 @@ For RL every choice also carries what training needs, under SGLang's and vLLM's 
 `weight_versions` spans and the behaviour log-probs `output_token_logprobs`); the response's
 `metadata.weight_version` is SGLang's too. They are always sent (the OpenAI client keeps unknown
 fields), so agent code need not ask for them.
+
+Requests are held to the native API's `Limits` (text length before tokenizing, `n`, samples, stop
+strings), and parsed, rendered and tokenized on a worker thread, as `/generate` is.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
@@ -28,10 +32,10 @@ from flashrl_jax.fleet import FinishKind
 from flashrl_jax.rollout._chat import ChatTemplate, TemplateError, parse_tool_calls
 from flashrl_jax.rollout._request import LogprobOptions, Output
 from flashrl_jax.rollout._sampling import MAX_TOP_LOGPROBS, Sampling
-from flashrl_jax.rollout._server import (_ARGS, _ENGINE, _body, _decoder, _failure, _json,
-                                         engine_outputs, served_model_name)
-from flashrl_jax.rollout._wire import (BadRequest, GenerateItem, GenerateJob, output_json,
-                                       output_text)
+from flashrl_jax.rollout._server import (_ARGS, _ENGINE, _LIMITS, _body, _decoder, _failure,
+                                         _json, engine_outputs, served_model_name)
+from flashrl_jax.rollout._wire import (BadRequest, GenerateItem, GenerateJob, Limits, check_samples,
+                                       check_sampling, encode_text, output_json, output_text)
 
 _TEMPLATE = web.AppKey("chat_template", dict)
 
@@ -90,9 +94,13 @@ def _sampling(body: dict, max_tokens: int | None) -> Sampling:
 
 
 def _items(engine, prompts: Sequence[list[int]], sampling: Sampling, n: int,
-           top_n: int) -> list[GenerateItem]:
+           top_n: int, limits: Limits) -> list[GenerateItem]:
   """n samples of each prompt, prompt-major (choice index = prompt * n + sample). With a seed and
   n > 1, sample j uses seed + j so the choices differ yet stay reproducible."""
+  if n > limits.max_n:
+    raise BadRequest(f"n={n} is above this server's limit ({limits.max_n}).")
+  check_samples(len(prompts) * n, limits)
+  check_sampling(sampling, limits)
   options = LogprobOptions(top_n=top_n)
   items = []
   for prompt in prompts:
@@ -181,7 +189,7 @@ async def _send(response: web.StreamResponse, obj: Any) -> None:
 
 # --- /v1/completions ---------------------------------------------------------------------------------
 
-def _completion_prompts(body: dict, encode) -> list[list[int]]:
+def _completion_prompts(body: dict, encode, limits: Limits) -> list[list[int]]:
   prompt = body.get("prompt")
   is_int = lambda t: isinstance(t, int) and not isinstance(t, bool)
   if isinstance(prompt, str):
@@ -198,7 +206,8 @@ def _completion_prompts(body: dict, encode) -> list[list[int]]:
                      "of such lists.")
   if encode is None:
     raise BadRequest("this server has no tokenizer; send the prompt as token ids.")
-  return [encode(p) for p in prompts]
+  check_samples(len(prompts), limits)
+  return [encode_text(p, encode, limits) for p in prompts]
 
 
 def _part(out: Output, new: slice) -> Output:
@@ -218,19 +227,24 @@ def _completion_logprobs(out: Output, top_n: int, token: Callable[[int], str]) -
           "text_offset": offsets}
 
 
+def _parse_completion(app: web.Application, body: dict) -> tuple:
+  engine, limits = app[_ENGINE], app[_LIMITS]
+  _refuse(body)
+  prompts = _completion_prompts(
+      body, engine.tokenizer.encode if engine.tokenizer is not None else None, limits)
+  n = _get(body, "n", lambda v: _INT(v) and v >= 1, "an integer >= 1", 1)
+  top_n = _get(body, "logprobs", lambda v: _INT(v) and 0 <= v <= MAX_TOP_LOGPROBS,
+               f"an integer in [0, {MAX_TOP_LOGPROBS}]")
+  stream = _get(body, "stream", _BOOL, "a boolean", False)
+  sampling = _sampling(body, _get(body, "max_tokens", _INT, "an integer", 16))
+  return n, top_n, stream, _items(engine, prompts, sampling, n, top_n or 0, limits)
+
+
 async def completions(request: web.Request) -> web.StreamResponse:
   engine = request.app[_ENGINE]
   try:
     body = await _body(request)
-    _refuse(body)
-    prompts = _completion_prompts(
-        body, engine.tokenizer.encode if engine.tokenizer is not None else None)
-    n = _get(body, "n", lambda v: _INT(v) and v >= 1, "an integer >= 1", 1)
-    top_n = _get(body, "logprobs", lambda v: _INT(v) and 0 <= v <= MAX_TOP_LOGPROBS,
-                 f"an integer in [0, {MAX_TOP_LOGPROBS}]")
-    stream = _get(body, "stream", _BOOL, "a boolean", False)
-    sampling = _sampling(body, _get(body, "max_tokens", _INT, "an integer", 16))
-    items = _items(engine, prompts, sampling, n, top_n or 0)
+    n, top_n, stream, items = await asyncio.to_thread(_parse_completion, request.app, body)
   except BadRequest as e:
     return _error(str(e), e.status)
   decode = _decoder(engine)
@@ -321,8 +335,8 @@ def _template(app: web.Application) -> ChatTemplate:
   return template
 
 
-def _chat_prompt(request: web.Request, body: dict) -> list[int]:
-  engine = request.app[_ENGINE]
+def _chat_prompt(app: web.Application, body: dict) -> list[int]:
+  engine = app[_ENGINE]
   messages = body.get("messages")
   if not isinstance(messages, list) or not messages or not all(
       isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
@@ -339,14 +353,14 @@ def _chat_prompt(request: web.Request, body: dict) -> list[int]:
   if body.get("tool_choice") == "none":
     tools = None
   try:
-    text = _template(request.app).render(
+    text = _template(app).render(
         messages, tools=tools,
         add_generation_prompt=_get(body, "add_generation_prompt", _BOOL, "a boolean", True),
         continue_final_message=_get(body, "continue_final_message", _BOOL, "a boolean", False),
         **kwargs)
   except TemplateError as e:
     raise BadRequest(str(e)) from None
-  return engine.tokenizer.encode(text)
+  return encode_text(text, engine.tokenizer.encode, app[_LIMITS])
 
 
 def _chat_logprobs(out: Output, top_n: int, token: Callable[[int], str]) -> dict[str, Any]:
@@ -356,22 +370,28 @@ def _chat_logprobs(out: Output, top_n: int, token: Callable[[int], str]) -> dict
                       for t, lp, row in zip(out.output_ids, out.logprobs, tops)]}
 
 
+def _parse_chat(app: web.Application, body: dict) -> tuple:
+  _refuse(body)
+  prompt = _chat_prompt(app, body)
+  n = _get(body, "n", lambda v: _INT(v) and v >= 1, "an integer >= 1", 1)
+  want_logprobs = _get(body, "logprobs", _BOOL, "a boolean", False)
+  top_n = _get(body, "top_logprobs", lambda v: _INT(v) and 0 <= v <= MAX_TOP_LOGPROBS,
+               f"an integer in [0, {MAX_TOP_LOGPROBS}]", 0)
+  stream = _get(body, "stream", _BOOL, "a boolean", False)
+  max_tokens = _get(body, "max_completion_tokens", _INT, "an integer")
+  if max_tokens is None:
+    max_tokens = _get(body, "max_tokens", _INT, "an integer")
+  items = _items(app[_ENGINE], [prompt], _sampling(body, max_tokens), n,
+                 top_n if want_logprobs else 0, app[_LIMITS])
+  return n, want_logprobs, top_n, stream, items
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
   engine = request.app[_ENGINE]
   try:
     body = await _body(request)
-    _refuse(body)
-    prompt = _chat_prompt(request, body)
-    n = _get(body, "n", lambda v: _INT(v) and v >= 1, "an integer >= 1", 1)
-    want_logprobs = _get(body, "logprobs", _BOOL, "a boolean", False)
-    top_n = _get(body, "top_logprobs", lambda v: _INT(v) and 0 <= v <= MAX_TOP_LOGPROBS,
-                 f"an integer in [0, {MAX_TOP_LOGPROBS}]", 0)
-    stream = _get(body, "stream", _BOOL, "a boolean", False)
-    max_tokens = _get(body, "max_completion_tokens", _INT, "an integer")
-    if max_tokens is None:
-      max_tokens = _get(body, "max_tokens", _INT, "an integer")
-    items = _items(engine, [prompt], _sampling(body, max_tokens), n,
-                   top_n if want_logprobs else 0)
+    n, want_logprobs, top_n, stream, items = await asyncio.to_thread(_parse_chat, request.app,
+                                                                     body)
   except BadRequest as e:
     return _error(str(e), e.status)
   parse_calls = bool(body.get("tools")) and body.get("tool_choice") != "none"

@@ -152,7 +152,9 @@ def _refuse_unsupported(body: dict) -> None:
                        "neutral value is).")
 
 
-def _encode(text: str, encode: Callable[[str], list[int]], limits: Limits) -> list[int]:
+def encode_text(text: str, encode: Callable[[str], list[int]], limits: Limits) -> list[int]:
+  """Tokenizes one prompt, refusing (400) text over the limit, invalid Unicode, or text the
+  tokenizer fails on. Run it off the event loop."""
   if len(text) > limits.max_text_chars:
     raise BadRequest(f"text has {len(text)} characters, more than this server's limit "
                      f"({limits.max_text_chars}); send input_ids.")
@@ -180,12 +182,12 @@ def _prompts(body: dict, encode: Callable[[str], list[int]] | None,
     if encode is None:
       raise BadRequest("this server has no tokenizer (no tokenizer.json); send input_ids.")
     if isinstance(text, str):
-      return [_encode(text, encode, limits)], False
+      return [encode_text(text, encode, limits)], False
     if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
       for t in text:  # every length first: refuse before spending time on any tokenization
         if len(t) > limits.max_text_chars:
-          _encode(t, encode, limits)
-      return [_encode(t, encode, limits) for t in text], True
+          encode_text(t, encode, limits)
+      return [encode_text(t, encode, limits) for t in text], True
     raise BadRequest("text must be a string or a non-empty list of strings.")
   if isinstance(ids, list) and ids and all(_is_int(t) for t in ids):
     return [list(ids)], False
@@ -195,7 +197,15 @@ def _prompts(body: dict, encode: Callable[[str], list[int]] | None,
   raise BadRequest("input_ids must be a non-empty list of ints or a list of such lists.")
 
 
-def _check_sampling(sampling: Sampling, limits: Limits) -> None:
+def check_samples(count: int, limits: Limits) -> None:
+  """Refuses more samples (prompts x n) in one request than `limits` allows."""
+  if count > limits.max_samples:
+    raise BadRequest(f"{count} samples (prompts x n) in one request, more than this server's "
+                     f"limit ({limits.max_samples}).")
+
+
+def check_sampling(sampling: Sampling, limits: Limits) -> None:
+  """Refuses options within their types and ranges that would still cost too much here."""
   if sampling.n > limits.max_n:
     raise BadRequest(f"sampling_params.n={sampling.n} is above this server's limit "
                      f"({limits.max_n}).")
@@ -230,10 +240,8 @@ def parse_generate(body: Any, *, encode: Callable[[str], list[int]] | None,
   except ValueError as e:
     raise BadRequest(str(e)) from None
   for sampling in samplings:
-    _check_sampling(sampling, limits)
-  if sum(s.n for s in samplings) > limits.max_samples:
-    raise BadRequest(f"{sum(s.n for s in samplings)} samples (prompts x n) in one request, more "
-                     f"than this server's limit ({limits.max_samples}).")
+    check_sampling(sampling, limits)
+  check_samples(sum(s.n for s in samplings), limits)
   rids = body.get("rid")
   if rids is None:
     rids = [None] * len(prompts)
