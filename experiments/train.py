@@ -11,9 +11,11 @@ unknown flag or field, a bad value or a contradictory combination (`--mode=sync 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import signal
+import subprocess
 import sys
 import typing
 
@@ -24,12 +26,23 @@ from experiments._cli import FLAGS as RUN_FLAGS
 from experiments._cli import load_config_file
 from flashrl_jax.controller import (Mode, OverrideError, ProgressReporter, RunConfig, field_type,
                                     override, parse_assignment, plot_run, read_metrics, run)
+from flashrl_jax.trainer import DistributedConfig, initialize_distributed
 
 _CONFIG = flags.DEFINE_string("config", "experiments/configs/demo.py",
                               "Python file with get_config() -> RunConfig (default: the demo).")
 _SET = flags.DEFINE_multi_string("set", [], "Any config field: --set=rollout.top_p=0.9 "
                                  "(repeatable; dotted path of the RunConfig field).")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.")
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "Processes of a multi-process run (default: FLASHRL_NUM_PROCESSES, "
+    "else SLURM_NTASKS inside a SLURM step, else 1).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's id in [0, num_processes) "
+                                   "(default: FLASHRL_PROCESS_ID or SLURM_PROCID).")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator", None, "host:port of the jax.distributed coordinator (process 0), or 'auto' "
+    "where JAX finds it itself (TPU slices). Default: FLASHRL_COORDINATOR or SLURM's first node.")
+_PREPARE_ONLY = flags.DEFINE_bool("prepare_only", False, "Make sure the initial model exists "
+                                  "(training a project warm start if needed), then exit.")
 
 
 def _define(name: str, path: str, help_text: str) -> None:
@@ -130,20 +143,53 @@ def report(records: list[dict]) -> None:
     print(f"accuracy of sampled responses ({window}-step average): {start:.3f} -> {end:.3f}")
 
 
+def distributed_config() -> DistributedConfig:
+  """This process's place in the run: flags, else FLASHRL_* variables, else SLURM's, else alone."""
+  given = {k: v for k, v in dict(num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
+                                 coordinator=_COORDINATOR.value).items() if v is not None}
+  try:
+    return dataclasses.replace(DistributedConfig.from_env(), **given)
+  except ValueError as error:
+    raise app.UsageError(str(error)) from None
+
+
+def prepare_in_subprocess() -> None:
+  """Process 0 of a multi-process run: a warm start trains with JAX, which must not start in this
+  process before `jax.distributed` does, so it runs (once) in a single-process child."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASHRL_", "SLURM_"))}
+  command = [sys.executable, "-m", "experiments.train", *sys.argv[1:], "--prepare_only",
+             "--num_processes=1", "--process_id=0", "--coordinator="]
+  if subprocess.run(command, env=env).returncode:
+    raise app.UsageError("preparing the initial model failed (see above).")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config = apply_flags(load_config_file(_CONFIG.value))
-  print(describe(config), flush=True)
-  # SIGTERM unwinds like Ctrl-C, so `run` stops its server processes instead of orphaning them.
-  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+  distributed = distributed_config()
+  leader = distributed.process_id == 0
+  if leader and not _PREPARE_ONLY.value:
+    print(describe(config), flush=True)
   if not FLAGS["verbosity"].present:  # a progress bar, warnings and errors; --verbosity=0 for INFO
     absl_logging.set_verbosity(absl_logging.WARNING)
-  ensure_model(config)
-  print(f"starting {config.rollout.server_count} rollout servers and the trainer (the first step "
-        "includes JAX compilation)", flush=True)
-  with ProgressReporter(config.steps, enabled=_PROGRESS.value) as progress:
-    summary = run(config, on_step=progress.update)
+  if _PREPARE_ONLY.value or not distributed.is_multiprocess:
+    ensure_model(config)
+    if _PREPARE_ONLY.value:
+      return
+  elif leader:  # the others read it once process 0 reaches jax.distributed
+    prepare_in_subprocess()
+  distributed = initialize_distributed(distributed)
+  # SIGTERM unwinds like Ctrl-C, so `run` stops its server processes instead of orphaning them
+  # (set after jax.distributed, whose preemption notifier would otherwise swallow it).
+  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+  if leader:
+    print(f"starting {config.rollout.server_count} rollout servers and the trainer (the first "
+          "step includes JAX compilation)", flush=True)
+  with ProgressReporter(config.steps, enabled=_PROGRESS.value and leader) as progress:
+    summary = run(config, on_step=progress.update, distributed=distributed)
+  if summary is None:  # a trainer-only process of a multi-process run
+    return
   print(f"run finished: {summary.samples_trained} samples in {summary.wall_s:.1f}s "
         f"({summary.samples_per_s:.2f} samples/s), policy version {summary.final_policy_version}, "
         f"workdir {summary.workdir}")

@@ -81,6 +81,8 @@ class SleepLearner:
   """Stands in for `Learner` in the stub row: a fixed train time per step, the policy version, and
   one weights directory published as every version."""
 
+  num_processes = 1
+
   def __init__(self, seconds: float, weights: str):
     self.seconds, self.weights, self.policy_version = seconds, weights, 0
 

@@ -153,7 +153,8 @@ class Loop:
     record = {
         **train_metrics,
         "step": step + 1, "policy_version": self.learner.policy_version, "mode": cfg.mode.value,
-        "async_ratio": cfg.async_ratio, **sample_metrics,
+        "async_ratio": cfg.async_ratio, "num_processes": self.learner.num_processes,
+        **sample_metrics,
         **times, "time/train_s": t1 - t0, **handoff, "time/step_s": wall,
         "samples_per_s": sample_metrics["num_samples"] / max(wall, 1e-9),
         "dropped_stale": dropped_now,

@@ -27,10 +27,11 @@ Cpus = tuple[int, ...]
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-  trainer_cpus: Cpus | None  # this process (JAX's thread pool); None: left alone
-  controller_cpus: Cpus | None  # the event loop thread; None: same as the trainer
-  server_cpus: tuple[Cpus, ...] | None  # one core set per local server (CPU only)
-  server_env: tuple[dict[str, str], ...] | None  # per local server: its device variables
+  """The default places nothing (a trainer-only process of a multi-process run)."""
+  trainer_cpus: Cpus | None = None  # this process (JAX's thread pool); None: left alone
+  controller_cpus: Cpus | None = None  # the event loop thread; None: same as the trainer
+  server_cpus: tuple[Cpus, ...] | None = None  # one core set per local server (CPU only)
+  server_env: tuple[dict[str, str], ...] | None = None  # per local server: its device variables
   environ: tuple[tuple[str, str], ...] = ()  # set in this process before JAX starts
 
 

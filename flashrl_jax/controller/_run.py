@@ -1,11 +1,13 @@
 """`run(config)`: builds one RL run's parts in order, then runs its loop.
 
-Order matters and is fixed here: plan and apply the placement (cores, visible devices) before JAX
-starts; start the local rollout servers; build the learner (trainer, checkpoints, exported versions)
-and restore the latest checkpoint (policy version, data position and counters come back, prompts
-that were in flight are re-issued, metrics of steps after the checkpoint are rolled back so nothing
-is counted twice); then open the fleet and run the loop. Rollout servers are separate OS processes
-(our JAX engine started locally, or external SGLang servers); the trainer runs in this process.
+Order matters and is fixed here: join `jax.distributed` (several processes), plan and apply the
+placement (cores, visible devices) before JAX starts; connect the processes (`ProcessGroup`); on
+process 0, start the local rollout servers, build the learner (trainer, checkpoints, exported
+versions; every process builds its own at the same time) and restore the latest checkpoint (policy
+version, data position and counters come back, prompts that were in flight are re-issued, metrics
+of steps after the checkpoint are rolled back so nothing is counted twice); then open the fleet and
+run the loop. The other processes only follow process 0's learner (`follow`). Rollout servers are
+separate OS processes (our JAX engine started locally, or external SGLang servers).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import enum
 import json
 import logging
 import os
+import socket
 import time
 from typing import Any, Callable
 
@@ -28,9 +31,8 @@ from flashrl_jax.controller._agentic import make_env_runner
 from flashrl_jax.controller._agentic_config import AgentPolicy
 from flashrl_jax.controller._config import RolloutBackend, RunConfig
 from flashrl_jax.controller._counters import Counters
-from flashrl_jax.controller._eval import held_out_accuracy
 from flashrl_jax.controller._group_runner import GroupRunner
-from flashrl_jax.controller._learner import Learner
+from flashrl_jax.controller._learner import Learner, follow
 from flashrl_jax.controller._loops import Loop
 from flashrl_jax.controller._metrics import MetricsLogger, read_metrics
 from flashrl_jax.controller._placement import Placement, applied, plan_placement
@@ -40,8 +42,8 @@ from flashrl_jax.fleet import (Fleet, LocalServers, RolloutClient, SamplingParam
 from flashrl_jax.model import load_tokenizer, read_config
 from flashrl_jax.rollout import ChatTemplate
 from flashrl_jax.testing import stub_server_command
-from flashrl_jax.trainer import (CheckpointConfig, Checkpointer, MeshConfig, Trainer,
-                                 VersionStore, make_mesh)
+from flashrl_jax.trainer import (DistributedConfig, ProcessGroup, initialize_distributed,
+                                 shutdown_distributed)
 
 log = logging.getLogger(__name__)
 
@@ -115,35 +117,43 @@ def _local_servers(config: RunConfig, placement: Placement, workdir: str, vocab_
       os.remove(pid_file)
 
 
-def run(config: RunConfig, *, on_step: Callable[[dict], None] | None = None) -> RunSummary:
+def run(config: RunConfig, *, on_step: Callable[[dict], None] | None = None,
+        distributed: DistributedConfig | None = None) -> RunSummary | None:
+  """Runs one RL job; returns its summary on process 0 and None on the others.
+
+  `distributed`: this process's place in a multi-process run (default: the only process). Every
+  process joins `jax.distributed`, builds the same mesh and train state and runs every jitted step;
+  process 0 alone runs the loop, the fleet, the rewards and the logging (`Learner`, `follow`).
+  """
+  distributed = initialize_distributed(distributed or DistributedConfig())
   workdir = config.resolved_workdir()
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    json.dump(config_to_json(config), f, indent=1)
-  model_config = read_config(config.model_path)
-  placement = plan_placement(config, sorted(os.sched_getaffinity(0)))
-  with applied(placement), _local_servers(config, placement, workdir,
-                                          model_config.vocab_size) as servers:
-    urls = servers.urls if servers is not None else list(config.rollout.sglang_urls)
-    return _run(config, workdir, urls, servers, placement, on_step)
+  leader = distributed.process_id == 0
+  # Only process 0 hosts servers and the controller; the others are trainer processes only.
+  placement = plan_placement(config, sorted(os.sched_getaffinity(0))) if leader else Placement()
+  with applied(placement):
+    group = None
+    if distributed.is_multiprocess:
+      group = ProcessGroup.connect(distributed.coordinator_host or _own_address())
+    if not leader:
+      follow(config, workdir, group)
+      shutdown_distributed()
+      return None
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      json.dump(config_to_json(config), f, indent=1)
+    model_config = read_config(config.model_path)
+    with _local_servers(config, placement, workdir, model_config.vocab_size) as servers:
+      if group is not None and servers is not None:
+        group.add_cleanup(servers.stop)  # process 0 stopped by a lost process: no orphans
+      urls = servers.urls if servers is not None else list(config.rollout.sglang_urls)
+      summary = _run(config, workdir, urls, servers, placement, on_step, group)
+  shutdown_distributed()
+  return summary
 
 
-def _learner(config: RunConfig, workdir: str, model_config, tokenizer,
-             task: envs.TaskSource) -> Learner:
-  mesh = make_mesh(MeshConfig.parse(config.mesh))
-  trainer = Trainer(model_config, config.train, mesh, seed=config.seed,
-                    init_params=config.model_path)
-  evaluator = None
-  # Exact evaluation needs one correct response per prompt: exact-match and reasoning-gym tasks.
-  eval_sets = task.eval_sets() if config.task.reward in (
-      envs.RewardKind.EXACT_MATCH, envs.RewardKind.REASONING_GYM) else {}
-  if eval_sets and config.eval_samples:
-    evaluator = lambda model: held_out_accuracy(model, tokenizer, eval_sets, task.reference,
-                                                config.rollout.temperature)
-  checkpointer = Checkpointer(CheckpointConfig(directory=os.path.join(workdir, "checkpoints"),
-                                               max_to_keep=config.keep_checkpoints))
-  return Learner(trainer, VersionStore(os.path.join(workdir, "versions")), checkpointer,
-                 keep_versions=config.keep_versions, evaluator=evaluator)
+def _own_address() -> str:
+  """This host's address as other hosts reach it (when the cluster, not a flag, set up JAX)."""
+  return socket.gethostbyname(socket.gethostname())
 
 
 def agent_proxy(config: RunConfig, fleet: Fleet, tokenizer, sampling: SamplingParams
@@ -159,11 +169,11 @@ def agent_proxy(config: RunConfig, fleet: Fleet, tokenizer, sampling: SamplingPa
 
 
 def _run(config: RunConfig, workdir: str, urls: list[str], servers: LocalServers | None,
-         placement: Placement, on_step) -> RunSummary:
+         placement: Placement, on_step, group: ProcessGroup | None) -> RunSummary:
   tokenizer = load_tokenizer(config.model_path)
   model_config = read_config(config.model_path)
   source = PromptSource(task_source(config))
-  learner = _learner(config, workdir, model_config, tokenizer, source.task)
+  learner = Learner.create(config, workdir, task=source.task, group=group)
   counters, start_step = Counters(), 0
   extra = learner.restore()
   if extra is not None:
@@ -210,10 +220,14 @@ def _run(config: RunConfig, workdir: str, urls: list[str], servers: LocalServers
                  initial_eval=initial_eval, on_step=on_step).run()
 
   start = time.perf_counter()
+  error = None
   try:
     asyncio.run(main())
+  except BaseException as e:
+    error = f"{type(e).__name__}: {e}"
+    raise
   finally:
-    learner.close()
+    learner.close(error)
     logger.close()
   wall = time.perf_counter() - start
   trained = counters.samples_trained - restored_samples

@@ -223,36 +223,90 @@ def hf_tensors(config: ModelConfig, state: nnx.State, dtype=None) -> dict[str, n
   return tensors
 
 
+def hf_tensor_specs(config: ModelConfig, state: nnx.State,
+                    dtype=None) -> list[tuple[TensorMap, tuple[int, ...], np.dtype]]:
+  """`(entry, HF shape, dtype)` of every tensor an export writes, in writing order, from shapes
+  only (nothing is gathered): what `HFDirWriter` plans its files from."""
+  flat = dict(nnx.to_flat_state(state))
+  out = []
+  for entry in tensor_map(config):
+    value = flat[entry.path].value
+    out.append((entry, _expected_hf_shape(tuple(value.shape), entry.kind),
+                np.dtype(dtype if dtype is not None else value.dtype)))
+  return out
+
+
+class HFDirWriter:
+  """Writes an HF directory tensor by tensor: `add` each tensor in the planned order, then `close`.
+
+  The safetensors files (sharded at `max_shard_bytes`) are planned from the shapes up front, and a
+  file is written as soon as its last tensor arrives, so at most one file's tensors are held in
+  memory: a model larger than this host's memory can be exported from gathered pieces.
+  """
+
+  def __init__(self, config: ModelConfig, specs: list[tuple[str, tuple[int, ...], np.dtype]],
+               path: str, *, max_shard_bytes: int = 4 << 30):
+    self.config, self.path, self.specs = config, path, list(specs)
+    self.shards: list[list[str]] = [[]]
+    size = 0
+    for name, shape, dtype in self.specs:
+      nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+      if self.shards[-1] and size + nbytes > max_shard_bytes:
+        self.shards.append([])
+        size = 0
+      self.shards[-1].append(name)
+      size += nbytes
+    n = len(self.shards)
+    self.files = (["model.safetensors"] if n == 1 else
+                  [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
+    self._expected = {name: (tuple(shape), np.dtype(dtype)) for name, shape, dtype in self.specs}
+    self._order = [name for name, _, _ in self.specs]
+    self._next = 0
+    self._pending: dict[str, np.ndarray] = {}
+    self.written: list[str] = []
+
+  def add(self, name: str, value: np.ndarray) -> None:
+    if self._next >= len(self._order) or name != self._order[self._next]:
+      expected = self._order[self._next] if self._next < len(self._order) else "nothing"
+      raise ValueError(f"HF export got tensor {name!r}, expected {expected!r} next.")
+    shape, dtype = self._expected[name]
+    if tuple(value.shape) != shape or value.dtype != dtype:
+      raise ValueError(f"HF export: {name} is {value.dtype}{list(value.shape)}, planned "
+                       f"{dtype}{list(shape)}.")
+    self._next += 1
+    self._pending[name] = value
+    shard = next(i for i, names in enumerate(self.shards) if name in names)
+    if name == self.shards[shard][-1]:  # the file is complete: write it, drop its tensors
+      tensors = {n: self._pending.pop(n) for n in self.shards[shard]}
+      save_file(tensors, os.path.join(self.path, self.files[shard]), metadata={"format": "pt"})
+      self.written.append(self.files[shard])
+
+  def close(self) -> list[str]:
+    """Writes the index (sharded) and `config.json`; returns every file written."""
+    if self._next != len(self._order):
+      raise ValueError(f"HF export closed after {self._next} of {len(self._order)} tensors.")
+    if len(self.shards) > 1:
+      total = sum(math.prod(s) * d.itemsize for s, d in self._expected.values())
+      index = {"metadata": {"total_size": total},
+               "weight_map": {t: f for f, names in zip(self.files, self.shards) for t in names}}
+      with open(os.path.join(self.path, "model.safetensors.index.json"), "w") as f:
+        json.dump(index, f, indent=1)
+      self.written.append("model.safetensors.index.json")
+    dtype_name = str(self.specs[0][2])
+    with open(os.path.join(self.path, "config.json"), "w") as f:
+      json.dump(self.config.to_hf(dtype=dtype_name), f, indent=1)
+    self.written.append("config.json")
+    return list(self.written)
+
+
 def write_hf_dir(config: ModelConfig, tensors: dict[str, np.ndarray], path: str, *,
                  max_shard_bytes: int = 4 << 30) -> list[str]:
   """Writes `config.json` and (sharded when large) safetensors into an existing dir; returns files."""
-  dtype_name = str(next(iter(tensors.values())).dtype)
-  shards: list[dict[str, np.ndarray]] = [{}]
-  size = 0
+  writer = HFDirWriter(config, [(n, v.shape, v.dtype) for n, v in tensors.items()], path,
+                       max_shard_bytes=max_shard_bytes)
   for name, value in tensors.items():
-    if shards[-1] and size + value.nbytes > max_shard_bytes:
-      shards.append({})
-      size = 0
-    shards[-1][name] = value
-    size += value.nbytes
-  written = []
-  if len(shards) == 1:
-    names = ["model.safetensors"]
-  else:
-    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-  for name, shard in zip(names, shards):
-    save_file(shard, os.path.join(path, name), metadata={"format": "pt"})
-    written.append(name)
-  if len(shards) > 1:
-    index = {"metadata": {"total_size": sum(v.nbytes for v in tensors.values())},
-             "weight_map": {t: n for n, s in zip(names, shards) for t in s}}
-    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
-      json.dump(index, f, indent=1)
-    written.append("model.safetensors.index.json")
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(config.to_hf(dtype=dtype_name), f, indent=1)
-  written.append("config.json")
-  return written
+    writer.add(name, value)
+  return writer.close()
 
 
 def save_hf(model: Decoder, path: str, *, dtype=None, max_shard_bytes: int = 4 << 30) -> list[str]:

@@ -11,8 +11,10 @@ from flashrl_jax.trainer._checkpoint import (CheckpointConfig, Checkpointer,
                                              CorruptCheckpointError)
 from flashrl_jax.trainer._config import (AdvantageEstimator, BatchConfig, DType, OptimizerConfig,
                                          Schedule, TrainConfig)
-from flashrl_jax.trainer._distributed import (DistributedConfig, host_to_global,
-                                              initialize_distributed, to_host, tree_to_global)
+from flashrl_jax.trainer._distributed import (AUTO, DistributedConfig, first_slurm_host,
+                                              host_to_global, initialize_distributed,
+                                              shutdown_distributed, to_host, tree_to_global)
+from flashrl_jax.trainer._group import EXIT_LOST, Message, Op, ProcessGroup
 from flashrl_jax.trainer._export import (CorruptVersionError, VersionStore, export_version,
                                          verify_version, version_dirname)
 from flashrl_jax.trainer._mesh import AXES, MeshConfig, make_mesh
@@ -28,15 +30,16 @@ from flashrl_jax.trainer._step import LossInputs, micro_batch_loss, minibatch_gr
 from flashrl_jax.trainer._trainer import Trainer
 
 __all__ = [
-    "AXES", "AdvantageEstimator", "Batch", "BatchConfig", "CheckpointConfig", "Checkpointer",
-    "CorruptCheckpointError", "CorruptVersionError", "DType", "DistributedConfig", "VersionStore",
-    "export_version", "verify_version", "version_dirname",
-    "LossInputs", "MeshConfig", "OptimizerConfig", "ROLLOUT_RULES", "Rules", "Schedule",
-    "TRAIN_RULES", "TrainConfig", "TrainState", "Trainer", "Trajectory", "abstract_train_state",
-    "apply_update", "batch_shardings", "batch_stats", "compute_advantages", "create_train_state",
-    "current_learning_rate", "decay_mask", "host_to_global", "initialize_distributed",
-    "learning_rate_schedule", "logical_to_spec", "make_mesh", "make_optimizer", "make_train_step",
-    "merge_model", "micro_batch_loss", "minibatch_order", "minibatch_gradients", "named_sharding", "pack",
-    "random_trajectories", "replicated", "shard_fn", "state_shardings", "to_host", "train_step",
-    "train_state_shardings", "tree_to_global",
+    "abstract_train_state", "AdvantageEstimator", "apply_update", "AUTO", "AXES", "Batch",
+    "batch_shardings", "batch_stats", "BatchConfig", "CheckpointConfig", "Checkpointer",
+    "compute_advantages", "CorruptCheckpointError", "CorruptVersionError", "create_train_state",
+    "current_learning_rate", "decay_mask", "DistributedConfig", "DType", "EXIT_LOST",
+    "export_version", "first_slurm_host", "host_to_global", "initialize_distributed",
+    "learning_rate_schedule", "logical_to_spec", "LossInputs", "make_mesh", "make_optimizer",
+    "make_train_step", "merge_model", "MeshConfig", "Message", "micro_batch_loss",
+    "minibatch_gradients", "minibatch_order", "named_sharding", "Op", "OptimizerConfig", "pack",
+    "ProcessGroup", "random_trajectories", "replicated", "ROLLOUT_RULES", "Rules", "Schedule",
+    "shard_fn", "shutdown_distributed", "state_shardings", "to_host", "TRAIN_RULES",
+    "train_state_shardings", "train_step", "TrainConfig", "Trainer", "TrainState", "Trajectory",
+    "tree_to_global", "verify_version", "version_dirname", "VersionStore",
 ]

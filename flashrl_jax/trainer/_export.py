@@ -18,8 +18,9 @@ things must hold while the trainer keeps publishing versions:
   the store), and deletes by renaming to `.trash-...` first, so a listing never shows a torn one.
 
 A writer that crashed leaves a temp dir; `VersionStore` removes those of dead processes on this host
-when it starts. Multi-host: every process calls `export_version` (the parameters are gathered with a
-collective), only process 0 writes, and all return once the version is published.
+when it starts. Multi-host: every process calls `export_version`; the parameters are gathered one
+tensor at a time (a collective each) and process 0 writes each safetensors file as soon as its
+tensors are in, so no process ever holds the whole model; all return once the version is published.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import numpy as np
@@ -43,8 +44,8 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from flashrl_jax import _failpoints as failpoints
-from flashrl_jax.model import (MANIFEST, CorruptVersionError, ModelConfig, hf_tensors,
-                               sha256_file, verify_version, write_hf_dir)
+from flashrl_jax.model import (MANIFEST, CorruptVersionError, HFDirWriter, ModelConfig,
+                               hf_tensor_specs, sha256_file, to_hf_array, verify_version)
 from flashrl_jax.trainer._distributed import to_host
 
 _log = logging.getLogger(__name__)
@@ -78,8 +79,8 @@ def _fsync(path: str) -> None:
     os.close(fd)
 
 
-def _write_version(config: ModelConfig, tensors, version: int, step: int | None,
-                   root_dir: str, durable: bool = True) -> str:
+def _write_version(config: ModelConfig, specs, tensors: Iterator[tuple[str, np.ndarray]],
+                   version: int, step: int | None, root_dir: str, durable: bool = True) -> str:
   sync = _fsync if durable else (lambda path: None)
   final = os.path.join(root_dir, version_dirname(version))
   if os.path.exists(final):
@@ -90,7 +91,10 @@ def _write_version(config: ModelConfig, tensors, version: int, step: int | None,
   os.makedirs(tmp)
   try:
     files = {}
-    for name in write_hf_dir(config, tensors, tmp):
+    writer = HFDirWriter(config, specs, tmp)
+    for name, value in tensors:
+      writer.add(name, value)
+    for name in writer.close():
       path = os.path.join(tmp, name)
       sync(path)
       files[name] = {"sha256": sha256_file(path), "bytes": os.path.getsize(path)}
@@ -128,16 +132,31 @@ def export_version(state_or_model: Any, version: int, root_dir: str, *, config: 
     durable: fsync the files, the dir and the root (survives a machine crash; see the module doc).
   """
   version_dirname(version)
-  tensors = hf_tensors(config, to_host(_params(state_or_model)), dtype)
+  params = _params(state_or_model)
+  flat = dict(nnx.to_flat_state(params))
+  plan = hf_tensor_specs(config, params, dtype)
+
+  def gathered() -> Iterator[tuple[str, np.ndarray]]:
+    # One tensor at a time (a collective when multi-process): no process holds the whole model.
+    for entry, _, tensor_dtype in plan:
+      value = to_host(flat[entry.path].value).astype(tensor_dtype)
+      yield entry.hf_name, to_hf_array(value, entry.kind)
+
+  tensors = gathered()
   root_dir = os.path.abspath(root_dir)
   final = os.path.join(root_dir, version_dirname(version))
   error = None
-  if jax.process_index() == 0:
-    try:
-      os.makedirs(root_dir, exist_ok=True)
-      final = _write_version(config, tensors, version, step, root_dir, durable)
-    except Exception as e:  # pylint: disable=broad-except
-      error = e
+  try:
+    if jax.process_index() == 0:
+      try:
+        os.makedirs(root_dir, exist_ok=True)
+        final = _write_version(config, [(e.hf_name, shape, d) for e, shape, d in plan], tensors,
+                               version, step, root_dir, durable)
+      except Exception as e:  # pylint: disable=broad-except
+        error = e
+  finally:
+    for _ in tensors:  # every process joins every gather, whatever happened to the writer
+      pass
   if error is not None:
     if jax.process_count() > 1:
       multihost_utils.broadcast_one_to_all(np.int32(0))

@@ -78,16 +78,23 @@ class Trainer:
     """
     start = time.perf_counter()
     host_batch = self.pack(trajectories)
+    packed = time.perf_counter()
+    metrics = self.update_batch(host_batch)
+    metrics["pack_time_s"] += packed - start
+    return metrics
+
+  def update_batch(self, host_batch: Batch) -> dict[str, float]:
+    """One RL step on a packed host batch (the same on every process); returns host metrics."""
+    start = time.perf_counter()
     stats = batch_stats(host_batch)
     batch = tree_to_global(host_batch, self.batch_shardings)
-    packed = time.perf_counter()
+    placed = time.perf_counter()
     metrics = {k: float(v) for k, v in to_host(self.step_on(batch)).items()}  # waits for the step
-    done = time.perf_counter()
-    step_time = done - packed
+    step_time = time.perf_counter() - placed
     tokens = stats["tokens"] * self.config.ppo_epochs
-    metrics |= {"step_time_s": step_time, "pack_time_s": packed - start,
-                "tokens_per_second": tokens / step_time, "tokens": float(stats["tokens"]),
-                "padding_fraction": stats["padding_fraction"],
+    metrics |= {"step_time_s": step_time, "pack_time_s": placed - start,
+                "tokens_per_second": tokens / step_time,
+                "tokens": float(stats["tokens"]), "padding_fraction": stats["padding_fraction"],
                 "micro_batches": float(host_batch.micro_batches)}
     return metrics
 
