@@ -101,6 +101,7 @@ def _alive(pid):
     return f.read().split()[2] != "Z"
 
 
+@pytest.mark.timeout(1200)  # 4 launches of 2 processes: 150-310 s here at load 8-14, 580 s at 14+
 def test_two_processes_survive_kills_and_match_one_process(tmp_path, model):
   cache = str(tmp_path / "jax_cache")
   workdir = str(tmp_path / "run2")
