@@ -134,12 +134,14 @@ class _Bench:
 
   def __init__(self, config: RunConfig, place: Layout, fleet, tokenizer, trainer, reps: int):
     from flashrl_jax import envs
-    from flashrl_jax.controller import PromptSource
     self.config, self.place, self.fleet, self.reps = config, place, fleet, reps
     self.tokenizer, self.trainer = tokenizer, trainer
-    self.reward_fn = envs.make_reward_fn(envs.RewardConfig(kind=config.task.reward))
-    source = PromptSource(synthetic=config.task.synthetic, seed=config.task.seed + 7_777)
-    self.prompts = [source.next()[1] for _ in range(512)]  # a seed the runs never draw
+    self.reward_fn = envs.make_reward_fn(config.task.reward_config())
+    if config.task.synthetic is None:
+      raise ValueError("the calibration samples a synthetic task's prompts (config.task.synthetic)")
+    # Prompts the runs never draw: another seed of the same task.
+    unseen = envs.SyntheticSource(config.task.synthetic, seed=config.task.seed + 7_777)
+    self.prompts = [unseen.sample(i) for i in range(512)]
     self.workers = len(place.workers)
     servers = len(place.server_cpus)  # the placement's count (a config may leave it to the cores)
     self.slots = config.rollout.max_running_requests * servers // self.workers
@@ -286,6 +288,16 @@ class _Bench:
       await trainer
     return max(_median(beside) / _median(alone), 1.0)
 
+  async def compile_train(self, groups, prompt_tokens: float) -> None:
+    """Compiles every micro-batch count a step can need (batches of equal lengths up to the
+    longest measured response), so no timed step below pays a compilation; a run that meets a
+    new count mid-run pays it there, which is a cost of that run, not of the step."""
+    longest = max(max(g) for g in groups)
+    for length in sorted({max(1, int(longest * f)) for f in (0.02, 0.1, 0.25, 0.5, 0.75, 1.0)}):
+      await asyncio.to_thread(self.trainer.update, self._trajectories(
+          np.random.default_rng(length), [[length]], prompt_tokens))
+    await self.train(groups, prompt_tokens, 2, busy=False)  # and the realistic mix once
+
   async def train(self, groups, prompt_tokens: float, batches: int, *, busy: bool
                   ) -> dict[str, Any]:
     """`trainer.update` then the export, as `_train_and_publish` runs them (worker threads);
@@ -353,7 +365,7 @@ async def _measure(config: RunConfig, place: Layout, urls: list[str], trainer, r
                "prompt_tokens": prompt_tokens, **await bench.decode(median_len),
                "handoff": await bench.handoff(), "reward_s": await bench.reward()}
     batches = 6 + 2 * reps
-    await bench.train(groups, prompt_tokens, 2, busy=False)  # compiles
+    await bench.compile_train(groups, prompt_tokens)
     trainer_cal = {"alone": await bench.train(groups, prompt_tokens, batches, busy=False)}
     interference = {"train_beside_rollout": 1.0, "rollout_beside_train": 1.0}
     if place.client_cpus is not None:  # async: trainer and client share this process
