@@ -185,11 +185,14 @@ class _Bench:
 
   async def decode(self, median_len: float) -> dict[str, Any]:
     # L1 long enough that every request of a batch is admitted before the first ones finish (the
-    # model below assumes `a` requests decoding together), L2 about a long response.
+    # model below assumes `a` requests decoding together), L2 as long as a row allows: a decode
+    # step is a fraction of a millisecond, and the difference must stand well above the
+    # scheduler's noise on a shared machine.
+    del median_len
     room = min(self.config.rollout.max_new_tokens,
                self.config.train.batch.row_length - max(len(p.prompt) for p in self.prompts) - 2)
-    l1 = min(32, room // 3)
-    l2 = int(min(room, l1 + max(64, 4 * median_len)))
+    l1 = min(32, room // 4)
+    l2 = int(room)
     per_worker = sorted({1, 2, 4, 8, 16, 32, 64, 128, self.slots} & set(range(1, self.slots + 1)))
     active = [a * self.workers for a in per_worker]
     for a in active:  # compiles every decode bucket and prefill group once
@@ -205,24 +208,26 @@ class _Bench:
     # fixed(a) = latency + (a / workers) * request_s: a worker admits its a/workers requests one
     # after another (blocking), while the round trip is paid once.
     slope, intercept = np.polyfit(per_worker, fixed, 1)
-    # Context: the same decode with prompts as long as the row allows, at two live counts.
+    # Context: the same decode after prompts of half a row (contexts P..P + L2c instead of
+    # p..p + L2), at two live counts; the relative growth per token of mean context.
     prompt = float(np.mean([len(self.tokenizer.encode(p.prompt)) for p in self.prompts]))
     context_ref = prompt + (l1 + l2) / 2
-    long_prompt = self.config.train.batch.row_length - l2 - 2
+    long_prompt = self.config.train.batch.row_length // 2
+    l2c = self.config.train.batch.row_length - long_prompt - 2
     slopes = []
-    if long_prompt > prompt + 32:
+    if long_prompt > prompt + 32 and l2c - l1 >= 32:
       probes = sorted({active[0], active[len(active) // 2]})
       long: dict[tuple[int, int], list[float]] = {}
       for a in probes:
         await self.batch(a, l1, long_prompt)  # compiles the long prefill bucket
       for _ in range(self.reps):
         for a in probes:
-          for tokens in (l1, l2):
+          for tokens in (l1, l2c):
             long.setdefault((a, tokens), []).append(await self.batch(a, tokens, long_prompt))
       for a in probes:
-        step_long = (_median(long[(a, l2)]) - _median(long[(a, l1)])) / (l2 - l1)
+        step_long = (_median(long[(a, l2c)]) - _median(long[(a, l1)])) / (l2c - l1)
         ratio = step_long / step[active.index(a)]
-        slopes.append((ratio - 1.0) / (long_prompt - prompt))
+        slopes.append((ratio - 1.0) / (long_prompt + (l1 + l2c) / 2 - context_ref))
     return {"decode_active": per_worker, "decode_step_s": step,
             "decode_context_ref": context_ref,
             "decode_context_slope": max(float(np.median(slopes)), 0.0) if slopes else 0.0,
@@ -404,7 +409,7 @@ def measure(config_path: str, layout_name: str, reps: int, log_dir: str) -> dict
           **result}
 
 
-def calibrate(config_path: str, layout_name: str, *, reps: int = 2,
+def calibrate(config_path: str, layout_name: str, *, reps: int = 3,
               log_dir: str | None = None) -> dict[str, Any]:
   """The calibration of `config_path` in the `sync` or `async` layout, measured in a fresh
   process (as a run is one), with the load probe around it; JSON-ready."""
@@ -430,7 +435,7 @@ def main() -> None:
   from absl import app, flags
   flags.DEFINE_string("config", None, "Run config file.", required=True)
   flags.DEFINE_enum("layout", "async", ["sync", "async"], "Core layout of the run to calibrate.")
-  flags.DEFINE_integer("reps", 2, "Repetitions of each microbenchmark point.")
+  flags.DEFINE_integer("reps", 3, "Repetitions of each microbenchmark point (medians).")
   flags.DEFINE_string("out", None, "Output JSON.", required=True)
   flags.DEFINE_string("server_logs", None, "Server logs directory (default: a temp dir).")
 

@@ -44,7 +44,7 @@ _MODES = flags.DEFINE_list("modes", ["sync", "1", "2", "4"], "sync and/or async 
 _STEPS = flags.DEFINE_integer("steps", 16, "Training steps per run.")
 _WARMUP = flags.DEFINE_integer("warmup_steps", 4, "Leading steps excluded (compiles, fill).")
 _SEEDS = flags.DEFINE_integer("seeds", 8, "Simulation seeds averaged per prediction.")
-_REPS = flags.DEFINE_integer("reps", 2, "Repetitions of each rollout microbenchmark point.")
+_REPS = flags.DEFINE_integer("reps", 3, "Repetitions of each microbenchmark point (medians).")
 _OUT = flags.DEFINE_string("out", None, "Directory for runs and calibrations (default: temp).")
 
 
