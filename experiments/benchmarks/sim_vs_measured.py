@@ -80,6 +80,7 @@ def measured(workdir: str, warmup: int) -> dict:
   seconds = sum(r["time/step_s"] for r in records)
   return {"samples_per_s": sum(r["num_samples"] for r in records) / seconds,
           "train_s": float(np.mean([r["time/train_s"] for r in records])),
+          "wait_s": float(np.mean([r["time/wait_data_s"] for r in records])),
           "step_s": seconds / len(records),
           "longest_over_median": float(np.median([r["response_length_max"] for r in records])
                                        / max(np.median([r["response_length_mean"]
@@ -169,14 +170,16 @@ def main(argv):
              "error": abs(predicted - got["samples_per_s"]) / got["samples_per_s"],
              "error_raw": abs(raw - got["samples_per_s"]) / got["samples_per_s"],
              "train_s": (float(np.mean([r.train_time_s for r in results])), got["train_s"]),
+             "wait_s": (float(np.mean([r.wait_data_s for r in results])), got["wait_s"]),
              "loadavg": info["loadavg"], "run_wall_s": info["wall_s"]}
       rows.append(row)
       print(f"{regime:>9} {name:<10} measured {row['measured']:7.2f} samples/s | predicted "
             f"{row['predicted']:7.2f} (error {row['error']:5.1%}); without load rescaling "
             f"{raw:7.2f} ({row['error_raw']:5.1%}) | cores slower x{slow_r:.2f} (rollout) "
             f"x{slow_t:.2f} (trainer) than at calibration, load "
-            f"{info['loadavg'][0]:.1f}-{info['loadavg'][1]:.1f} | train step predicted "
-            f"{row['train_s'][0]:.3f}s measured {row['train_s'][1]:.3f}s", flush=True)
+            f"{info['loadavg'][0]:.1f}-{info['loadavg'][1]:.1f} | per step, predicted/measured: "
+            f"train {row['train_s'][0]:.3f}/{row['train_s'][1]:.3f}s, wait for data "
+            f"{row['wait_s'][0]:.3f}/{row['wait_s'][1]:.3f}s", flush=True)
   with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(rows, f, indent=1)
   if not rows:
