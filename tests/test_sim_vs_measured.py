@@ -84,11 +84,13 @@ def test_layouts_follow_the_runs_placement():
 
 
 def test_measured_throughput_skips_the_warmup(tmp_path):
-  lines = [{"num_samples": 16, "time/step_s": s, "time/train_s": 0.1, "response_length_max": 9,
-            "response_length_mean": 3.0} for s in (30.0, 1.0, 2.0, 1.0)]
+  lines = [{"num_samples": 16, "time/step_s": s, "time/train_s": 0.1,
+            "time/wait_data_s": w, "response_length_max": 9, "response_length_mean": 3.0}
+           for s, w in ((30.0, 29.0), (1.0, 0.2), (2.0, 1.4), (1.0, 0.2))]
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
   got = sim_vs_measured.measured(str(tmp_path), warmup=1)
   assert got["samples_per_s"] == pytest.approx(48 / 4.0)
+  assert got["wait_s"] == pytest.approx(0.6)  # the warm-up step's 29 s is not in the mean
 
 
 def test_simulate_entry_point_writes_tables_and_plots(tmp_path):
