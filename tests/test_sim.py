@@ -73,10 +73,11 @@ def test_async_alpha_zero_is_on_policy_and_never_overlaps():
 @settings(max_examples=12, deadline=None)
 @given(alpha=st.integers(0, 4), seed=st.integers(0, 2**16), train_gpus=st.integers(1, 3),
        train_s=st.floats(0.0, 3.0), pause=st.sampled_from(list(PauseMode)),
-       abort_hopeless=st.booleans())
+       abort_hopeless=st.booleans(), behind=st.booleans())
 def test_staleness_bound_holds_for_every_consumed_sample(alpha, seed, train_gpus, train_s, pause,
-                                                         abort_hopeless):
-  training = sim.AsyncTraining(alpha=alpha, train_gpus=train_gpus, abort_hopeless=abort_hopeless)
+                                                         abort_hopeless, behind):
+  training = sim.AsyncTraining(alpha=alpha, train_gpus=train_gpus, abort_hopeless=abort_hopeless,
+                               publish_behind=behind)
   config = tiny(training=training, pause=pause,
                 cost=dataclasses.replace(tiny().cost, train=sim.TrainModel(train_s, 1e-4)))
   result = sim.simulate(config, seed=seed)
@@ -84,6 +85,25 @@ def test_staleness_bound_holds_for_every_consumed_sample(alpha, seed, train_gpus
     assert max(record.staleness) <= alpha
     assert min(record.staleness) >= 0
   assert sum(result.staleness_hist.values()) == config.steps * config.samples_per_step
+
+
+def test_a_handoff_behind_training_leaves_the_trainer_export_and_wait():
+  # Training-bound (2-token responses at 0.1 ms a step, α = 2): publishing before the next step,
+  # the trainer's period is train + export + handoff (pause, load, resume: 0.1 + 0.4 + 0.1);
+  # behind it, train + export. With a step shorter than the handoff, the trainer waits for the
+  # previous handoff, so its period is never shorter than a handoff.
+  def period(train_s: float, behind: bool) -> float:
+    cost = sim.CostModel(decode=sim.LinearDecode(1e-4, 0.0), train=sim.TrainModel(train_s, 0.0),
+                         sync=sim.SyncModel(0.2, 0.1, 0.4, 0.1), reward_s=0.0)
+    config = tiny(cost=cost, lengths=CycleLengths([2]), steps=6, warmup_steps=2,
+                  training=sim.AsyncTraining(alpha=2, train_gpus=1, publish_behind=behind))
+    result = sim.simulate(config, seed=0)
+    assert max(s for r in result.records for s in r.staleness) <= 2
+    return result.step_time_s
+
+  assert period(1.0, behind=False) == pytest.approx(1.0 + 0.2 + 0.6, rel=1e-3)
+  assert period(1.0, behind=True) == pytest.approx(1.0 + 0.2, rel=1e-3)
+  assert 0.6 <= period(0.2, behind=True) < period(0.2, behind=False)
 
 
 def test_async_outpaces_sync_on_long_tail():

@@ -153,6 +153,11 @@ class Run:
     self.trainer_busy = False
     self._trainer_free_since = self.loop.now
 
+  @property
+  def sync_free_at(self) -> float:
+    """When the handoffs already scheduled are over."""
+    return self._sync_free_at
+
   def sync(self, version: int, then: Callable[[], None]) -> None:
     """Load `version` on every rollout worker (serialised with earlier loads), then `then()`."""
     start = max(self.loop.now, self._sync_free_at)

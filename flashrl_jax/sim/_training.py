@@ -16,8 +16,10 @@ or buffered, and with α = 0 stops generation during training) and a `SampleBuff
 groups; the trainer at version t takes B of them whose every sample started at a version v ≥ t − α,
 earliest deadline (v + α) first, waiting for an in-flight group that would otherwise miss its
 deadline; the staler ones are dropped (counted) and their prompts re-issued. After
-each step the trainer publishes (export, then the servers pause, load and resume) before it takes
-the next batch, as the controller does.
+each step the trainer exports the new version; the servers' pause, load and resume then run either
+before the trainer takes the next batch, or behind the next training step (`publish_behind`: the
+trainer waits only for its export and for the previous handoff, as the controller's async loop
+does).
 """
 
 from __future__ import annotations
@@ -86,11 +88,14 @@ class AsyncTraining:
     train_gpus: GPUs of the train pool; the rest serve rollout.
     abort_hopeless: at each update, abort in-flight groups that can no longer be fresh (the
       controller instead lets them finish and drops them from the buffer, the default here).
+    publish_behind: hand each new version to the servers behind the next training step (the
+      trainer waits for its export and for the previous handoff only) instead of before it.
   """
 
   alpha: int = 2
   train_gpus: int = 1
   abort_hopeless: bool = False
+  publish_behind: bool = False
 
   def __post_init__(self):
     if self.alpha < 0 or self.train_gpus < 1:
@@ -134,13 +139,20 @@ class AsyncTraining:
       doomed = [g for g in run.in_flight() if not run.bound.is_fresh(run.version, g.start_version)]
       if doomed:
         run.drop(doomed)
-    # As in the controller, the trainer publishes before it takes the next batch: it exports, then
-    # the servers pause, load and resume.
+    # The trainer exports, then the servers pause, load and resume: before the trainer takes the
+    # next batch, or behind its next step (it waits for the previous handoff only).
     run.trainer_busy = True
     run.loop.at(run.loop.now + run.config.cost.sync.export_s, self._exported, run)
 
   def _exported(self, run: Run) -> None:
-    run.sync(run.version, then=lambda: self._published(run))
+    if not self.publish_behind:
+      run.sync(run.version, then=lambda: self._published(run))
+      return
+    run.loop.at(max(run.loop.now, run.sync_free_at), self._hand_over, run)
+
+  def _hand_over(self, run: Run) -> None:
+    run.sync(run.version, then=lambda: self._refill(run))  # the new version frees dispatch room
+    self._published(run)
 
   def _published(self, run: Run) -> None:
     run.trainer_idle()
