@@ -193,6 +193,12 @@ def main(argv):
   print(f"run finished: {summary.samples_trained} samples in {summary.wall_s:.1f}s "
         f"({summary.samples_per_s:.2f} samples/s), policy version {summary.final_policy_version}, "
         f"workdir {summary.workdir}")
+  c = summary.counters  # every prompt not trained is accounted for here (and in summary.json)
+  print(f"prompts rejected by a server as invalid (dropped): {c['rejected_prompts']}; groups "
+        f"re-issued after a failed generation: {c['failed_groups']}, after the staleness bound "
+        f"dropped them: {c['dropped_stale']}; filtered (equal rewards): {c['filtered_groups']}; "
+        f"versions refused by servers: {c['versions_refused']}; server failures / restarts: "
+        f"{c['server_failures']} / {c['server_restarts']}")
   report(read_metrics(summary.workdir))
   if config.plot:
     for path in plot_run(summary.workdir):
