@@ -104,6 +104,7 @@ def test_faults_on_the_rlvr_path_lose_nothing_and_train_nothing_twice(tmp_path, 
   assert "refused policy version 3" in segments[0] and "writing policy version 3 again" in (
       segments[0]) and "failpoint train@5" in segments[0].split("refused policy version 3")[1]
   assert "failed (" in segments[2].split("failpoint handoff@8")[1].split("failpoint handoff@9")[0]
+  assert "prompts rejected by a server as invalid (dropped): 0;" in segments[3]  # the summary
   for segment in segments[1:]:  # the servers of each killed controller were reaped
     assert "left behind by a previous run" in segment
   _assert_no_server_left(model)
