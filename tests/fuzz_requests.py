@@ -1,9 +1,10 @@
 """A bounded, seeded generator of malformed and adversarial HTTP requests for the rollout server.
 
-Each case is a valid request with one to three mutations (a field set to a hostile value, removed,
+Most cases are a valid request with one to three mutations (a field set to a hostile value, removed,
 or given a hostile type), or a raw body no JSON encoder would produce (NaN, 1e400, 5,000-digit
 integers, nesting thousands deep, invalid UTF-8, lone surrogates, a bad Content-Encoding), spread
-over the server's routes (the native ones and the OpenAI-compatible ones). It never produces a request that legitimately stops other work (a valid
+over the server's routes (the native ones and the OpenAI-compatible ones); some are valid requests
+with every option at an extreme (`extreme#`), which must be served (200). It never produces a request that legitimately stops other work (a valid
 pause, `abort_all`, a weight update from a good directory), so a valid request interleaved with the
 cases must get the same answer throughout.
 """
@@ -139,13 +140,35 @@ def _openai_body(rng: random.Random) -> tuple[str, dict]:
   return path, body
 
 
-def cases(seed: int, count: int, bad_weight_dirs: list[str]) -> list[Case]:
+def _extreme_body(rng: random.Random, vocab: int) -> dict:
+  """A valid request whose every option sits at an extreme: the server must serve it (200)."""
+  max_new = rng.choice([0, 1, 50, 127, 10**9, None])
+  sampling = {
+      "max_new_tokens": max_new,
+      "min_new_tokens": rng.choice([0, min(5, max_new if max_new is not None else 5)]),
+      "temperature": rng.choice([0, 1e-9, 1e-6, 0.5, 1.0, 100.0, 1e300]),
+      "top_p": rng.choice([1e-9, 0.5, 1.0]), "top_k": rng.choice([-1, 1, 5, vocab, 2**31 - 1]),
+      "min_p": rng.choice([0.0, 0.5, 1.0]), "n": rng.randint(1, 8),
+      "stop": rng.choice([[], ["\x00"], ["a", "\U0001F600"], ["x" * 1024]]),
+      "stop_token_ids": rng.sample(range(vocab), rng.randint(0, 8)),
+      "stop_regex": rng.choice([[], ["a+"], ["."], ["(?:a|b)*#", "\\d"]]),
+      "ignore_eos": rng.random() < 0.5, "skip_special_tokens": rng.random() < 0.5,
+      "no_stop_trim": rng.random() < 0.5, "sampling_seed": rng.choice([None, 0, -1, 2**63, 10**30])}
+  return {"input_ids": [rng.randrange(vocab) for _ in range(rng.randint(1, 100))],
+          "sampling_params": sampling, "return_logprob": True,
+          "top_logprobs_num": rng.choice([0, 5, 20]), "logprob_start_len": rng.choice([-1, 0, 1]),
+          "return_text_in_logprobs": rng.random() < 0.5, "stream": rng.random() < 0.3}
+
+
+def cases(seed: int, count: int, bad_weight_dirs: list[str], vocab: int) -> list[Case]:
   """`count` cases; update requests point only at `bad_weight_dirs` or at hostile paths."""
   rng = random.Random(seed)
   out = []
   for i in range(count):
     r = rng.random()
-    if r < 0.45:
+    if r < 0.12:
+      out.append(Case("POST", "/generate", encode(_extreme_body(rng, vocab)), label=f"extreme#{i}"))
+    elif r < 0.45:
       out.append(Case("POST", "/generate", encode(_generate_body(rng)), label=f"generate#{i}"))
     elif r < 0.6:
       path, body = _openai_body(rng)
@@ -173,7 +196,7 @@ def cases(seed: int, count: int, bad_weight_dirs: list[str]) -> list[Case]:
       out.append(Case("POST", "/abort_request", encode(body), label=f"abort#{i}"))
     elif r < 0.9:
       mode = _value(rng)
-      if not mode or mode in MODES:  # a valid (or empty, = abort) mode would really pause
+      if mode is None or mode in MODES:  # a valid (or null, = abort) mode would really pause
         mode = "sideways"
       out.append(Case("POST", "/pause_generation", encode({"mode": mode}), label=f"pause#{i}"))
     elif r < 0.95:

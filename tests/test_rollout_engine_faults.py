@@ -82,6 +82,15 @@ def test_tiny_temperature_samples_greedily_with_finite_logprobs(engine, clean):
   _same(out, clean[(5, 6)])
 
 
+def test_huge_temperature_with_banned_tokens_gives_finite_logprobs(engine):
+  """T = 1e300 is a valid number; on the device it was inf, and a banned (min_new_tokens) logit's
+  -inf / inf was NaN. It samples as T = 1e30: uniform over the allowed tokens."""
+  out = engine.generate([[5, 6]], Sampling(temperature=1e300, min_new_tokens=3, max_new_tokens=6,
+                                           stop_token_ids=(7,), sampling_seed=1))[0]
+  assert out.error is None and len(out.output_ids) >= 3
+  np.testing.assert_allclose(out.logprobs[:3], -np.log(96 - 2), atol=1e-4)  # 7 and eos 2 banned
+
+
 def test_failing_prefill_fails_only_its_request(engine, clean, monkeypatch):
   prefill, errors = engine.runner.prefill, engine.stats.engine_errors
 

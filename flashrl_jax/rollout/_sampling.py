@@ -31,6 +31,10 @@ INT32_MAX = 2**31 - 1
 # Temperatures below this sample greedily, as SGLang does (`_SAMPLING_EPS`): `logits / T` would
 # overflow float32 and turn the behaviour log-prob into +-inf or NaN.
 SAMPLING_EPS = 1e-6
+# Temperatures above this sample as this one: float32 `logits / T` is already uniform up to rounding,
+# and a larger T (1e300 is a valid JSON number) becomes inf on the device, where a banned logit's
+# -inf / inf is NaN.
+MAX_TEMPERATURE = 1e30
 
 # SGLang `sampling_params` keys this engine does not implement, each with the test for its neutral
 # value: a neutral value (what SGLang's own clients send by default, e.g. `logit_bias: {}`) is
@@ -199,7 +203,7 @@ class RowSampling:
     for i, (s, row_seed, banned) in enumerate(rows):
       if s is None:
         continue
-      temperature[i] = 0.0 if s.greedy else s.temperature
+      temperature[i] = 0.0 if s.greedy else min(s.temperature, MAX_TEMPERATURE)
       top_p[i], top_k[i], min_p[i] = s.top_p, s.top_k, s.min_p
       seed[i] = (row_seed >> 32) & 0xFFFFFFFF, row_seed & 0xFFFFFFFF
       min_new[i] = s.min_new_tokens

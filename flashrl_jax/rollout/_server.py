@@ -250,7 +250,8 @@ async def pause_generation(request: web.Request) -> web.Response:
   engine = request.app[_ENGINE]
   try:
     body = await _body(request, required=False)
-    mode = PauseMode(body.get("mode") or "abort")
+    mode = body.get("mode")  # absent or null: SGLang's default; anything else must be a mode
+    mode = PauseMode.ABORT if mode is None else PauseMode(mode)
   except (BadRequest, ValueError, TypeError) as e:
     return _error(f"bad pause request: {e}; mode must be one of abort, retract, in_place.")
   await asyncio.wrap_future(engine.pause(mode))
