@@ -63,6 +63,18 @@ def test_versions_fall_back_to_weight_version():
     proto.parse_generate_output(obj, vocab_size=4)
 
 
+def test_an_answer_saying_the_engine_is_down_is_told_apart_from_a_bad_request():
+  """Whatever its status, an answer whose whole message says the engine stopped is the server's
+  failure (retried elsewhere); a 400 that merely quotes those words (a prompt echoed back) is not."""
+  for down in ['{"error": {"message": "the engine is shut down."}}', '{"message": "Engine is '
+               'shutting down"}', "The server is shut down.", '{"error": "engine has stopped"}']:
+    assert proto.says_engine_down(down), down
+  for bad in ['{"error": {"message": "stop string \'the engine is shut down.\' is too long"}}',
+              '{"error": {"message": "input_ids must be a list"}}', "", "null", "[]",
+              '{"error": {"message": 5}}', '{"success": false, "message": "Failed to update"}']:
+    assert not proto.says_engine_down(bad), bad
+
+
 # --- live stubs ----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

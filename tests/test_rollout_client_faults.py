@@ -169,13 +169,15 @@ def test_local_servers_report_startup_failure(tmp_path):
     split_cpus(3, [0, 1])
 
 
-def test_dead_engine_is_a_server_failure_never_a_rejected_prompt(tmp_path):
+@pytest.mark.parametrize("misbehave", ["dead_engine", "dead_engine_400"])
+def test_dead_engine_is_a_server_failure_never_a_rejected_prompt(tmp_path, misbehave):
   """A server whose engine thread died answers every /generate at once with 503 (the stub mimics
-  our server's answer; tests/test_rollout_robust.py kills a real engine): its requests are retried
-  on the other server, none is rejected or lost, and it leaves rotation (its /health fails too)."""
+  our server's answer; tests/test_rollout_robust.py kills a real engine), or with a 400 saying "the
+  engine is shut down" (as ours once did): its requests are retried on the other server, none is
+  rejected or lost, and it leaves rotation (its /health fails too)."""
   with start_stubs(2, "stub", log_dir=str(tmp_path)) as servers:
     dead, alive = servers.urls
-    configure(dead, misbehave="dead_engine")
+    configure(dead, misbehave=misbehave)
 
     async def wave(c, n):
       prompts = [[i % 50 + 1] for i in range(n)]

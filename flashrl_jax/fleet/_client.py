@@ -5,10 +5,12 @@ sends each sample to the server with the fewest outstanding requests, times requ
 request on another server when one dies, hangs, answers 5xx (a dead engine answers 503) or answers
 with a malformed response (validated in `_protocol`), and takes such servers out of rotation
 (`_servers`; a background `GET /health` puts them back). Only a 4xx answer means the request itself
-is bad (`RequestRejected`): that is the one case a prompt may be dropped. When a server aborts a request (pause in abort mode, e.g. around a weight update) the
-client continues it: it re-submits `prompt + generated prefix` with the remaining `max_new_tokens`,
-keeping the tokens, behaviour log-probs and per-token weight versions already produced. Nothing here
-depends on which implementation answers (real SGLang, our JAX server, or the test stub).
+is bad (`RequestRejected`), unless it says the engine has stopped (a server failure): that is the
+one case a prompt may be dropped. When a server aborts a request (pause in abort mode, e.g. around
+a weight update) the client continues it: it re-submits `prompt + generated prefix` with the
+remaining `max_new_tokens`, keeping the tokens, behaviour log-probs and per-token weight versions
+already produced. Nothing here depends on which implementation answers (real SGLang, our JAX
+server, or the test stub).
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ class GenerationError(RuntimeError):
 class RequestRejected(GenerationError):
   """A server refused the request as invalid (HTTP 400, 413 or 422): it is not retried elsewhere.
 
-  Any other failure (5xx, refused connection, timeout, malformed answer) is the server's, and the
-  request is retried on another server instead."""
+  Any other failure (5xx, refused connection, timeout, malformed answer, an answer saying the engine
+  is shut down whatever its status) is the server's, and the request is retried on another server
+  instead."""
 
 
 # Answers that mean "this request is invalid", whichever server is asked.
@@ -205,7 +208,7 @@ class RolloutClient:
                      max_new_tokens: int) -> proto.GenerateOutput:
     status, text = await self._gen.http(server.url, "POST", "/generate", body,
                                         self.request_timeout_s)
-    if status in REJECTED_STATUSES:
+    if status in REJECTED_STATUSES and not proto.says_engine_down(text):
       raise RequestRejected(f"{server.url} rejected request {body['rid']} (HTTP {status}): "
                             f"{text[:500]}")
     if status != 200:
@@ -242,8 +245,10 @@ class RolloutClient:
     with self._gen.track(server):
       async with self._gen.session().post(server.url + "/generate", json=body) as resp:
         if resp.status != 200:
-          error = RequestRejected if resp.status in REJECTED_STATUSES else GenerationError
-          raise error(f"{server.url}: HTTP {resp.status}: {(await resp.text())[:500]}")
+          text = await resp.text()
+          rejected = resp.status in REJECTED_STATUSES and not proto.says_engine_down(text)
+          error = RequestRejected if rejected else GenerationError
+          raise error(f"{server.url}: HTTP {resp.status}: {text[:500]}")
         async for raw in resp.content:
           line = raw.decode().strip()
           if line:
@@ -363,7 +368,8 @@ class RolloutClient:
 def _update_refusal(error: BaseException) -> str | None:
   """The server's reason when it answered a weight update with `success: false` (HTTP 400 with
   SGLang's JSON); None when the server itself failed (no answer, 5xx, garbage)."""
-  if not isinstance(error, HTTPStatusError) or error.status != 400:
+  if (not isinstance(error, HTTPStatusError) or error.status != 400
+      or proto.says_engine_down(error.text)):
     return None
   try:
     answer = proto.loads_json(error.text)

@@ -13,6 +13,7 @@ import dataclasses
 import enum
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -328,6 +329,26 @@ def parse_server_info(obj: Any) -> Mapping[str, Any]:
   if not isinstance(obj, Mapping) or not obj:
     raise MalformedResponse(f"server_info must be a non-empty object, got {obj!r:.200}")
   return obj
+
+
+# What a server whose engine has stopped answers, whatever the status (ours answered HTTP 400 with it
+# before it answered 503): the server failed, the request did not. Matched against the whole error
+# message, never a substring, so a prompt echoed inside a 400 cannot pass for it.
+_ENGINE_DOWN = re.compile(r"(the )?(engine|server) (is|has) (shut down|shutting down|stopped)\.?",
+                          re.IGNORECASE)
+
+
+def says_engine_down(text: str) -> bool:
+  """Whether an error answer (`{"error": {"message": ...}}`, `{"message": ...}` or plain text)
+  says the server's engine has stopped."""
+  try:
+    obj = json.loads(text)
+  except ValueError:
+    obj = text
+  if isinstance(obj, Mapping):
+    err = obj.get("error")
+    obj = err.get("message") if isinstance(err, Mapping) else obj.get("message", err)
+  return isinstance(obj, str) and _ENGINE_DOWN.fullmatch(obj.strip()) is not None
 
 
 def parse_error(obj: Any) -> str:

@@ -42,6 +42,7 @@ class Misbehave(enum.Enum):
   HANG = "hang"                                # /generate never answers (/health still does)
   DIE_AFTER = "die_after"                      # the process exits when request die_after+1 arrives
   DEAD_ENGINE = "dead_engine"  # as our server once its engine thread died: 503 at once, /health too
+  DEAD_ENGINE_400 = "dead_engine_400"  # the same, said with HTTP 400 (as our server once did)
 
 
 def parse_misbehave(spec: str) -> tuple[Misbehave, int]:
@@ -258,8 +259,9 @@ class StubServer:
     self.num_generate += 1
     if c.misbehave is Misbehave.DIE_AFTER and self.num_generate > c.die_after:
       os._exit(1)
-    if c.misbehave is Misbehave.DEAD_ENGINE:
-      return web.json_response({"error": {"message": "the engine is shut down."}}, status=503)
+    if c.misbehave in (Misbehave.DEAD_ENGINE, Misbehave.DEAD_ENGINE_400):
+      return web.json_response({"error": {"message": "the engine is shut down."}},
+                               status=503 if c.misbehave is Misbehave.DEAD_ENGINE else 400)
     body = await _body(request)
     try:
       reqs, many, logprob = self._parse(body)
@@ -341,7 +343,7 @@ class StubServer:
     return web.Response(text="Cache flushed.\n")
 
   async def health(self, request: web.Request) -> web.Response:
-    if self.config.misbehave is Misbehave.DEAD_ENGINE:
+    if self.config.misbehave in (Misbehave.DEAD_ENGINE, Misbehave.DEAD_ENGINE_400):
       return web.Response(text="engine is not running", status=503)
     return web.Response()
 
