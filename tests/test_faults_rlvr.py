@@ -13,7 +13,8 @@ Checked on the run as a whole: every step logged once with its version; no sampl
 no prompt lost (each prompt the source handed out is trained, or pending in the final checkpoint);
 the staleness bound holds for every sample, from the versions the servers reported per token; each
 fault fired and was recovered from (the logs say so: a refused version exported again, servers
-restarted). Also an α = 0 async run (stub servers): it finishes, every sample fresh.
+restarted). Also an α = 0 async run (stub servers) whose servers refuse some prompts as invalid: it
+finishes, every sample fresh, each refused prompt named in the records and counted in the summary.
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ def _command(workdir: str, model: str, *extra: str) -> list[str]:
           "--noprogress", *extra]
 
 
-def _final_source(workdir: str) -> dict:
-  with open(os.path.join(workdir, "checkpoints", str(STEPS), "extra", "metadata")) as f:
+def _final_source(workdir: str, step: int = STEPS) -> dict:
+  with open(os.path.join(workdir, "checkpoints", str(step), "extra", "metadata")) as f:
     return json.load(f)["source"]
 
 
@@ -150,15 +151,30 @@ def _assert_no_server_left(model: str) -> None:
   assert not left, left
 
 
-def test_alpha_zero_async_run_finishes_with_only_fresh_samples(tmp_path, model, jax_cache):
-  """Regression (e94da35: α = 0 dispatched nothing until a publish that waited for data)."""
+def test_alpha_zero_async_run_finishes_fresh_and_accounts_for_rejected_prompts(tmp_path, model,
+                                                                                jax_cache):
+  """Regression (e94da35: α = 0 dispatched nothing until a publish that waited for data), with a
+  context so short that the servers refuse the longer prompts as invalid (HTTP 400: prompt +
+  max_new_tokens over the context, as SGLang answers): each refused prompt is dropped, named in its
+  step's record and counted in the final summary, the run does not stall (α = 0 must dispatch a
+  replacement), and every other prompt is trained or pending."""
   workdir, log_path = str(tmp_path / "run"), str(tmp_path / "train.log")
-  args = _command(workdir, model, "--async_ratio=0", "--rollout=stub", "--num_rollout_servers=2")
+  args = _command(workdir, model, "--async_ratio=0", "--rollout=stub", "--num_rollout_servers=2",
+                  "--set=train.batch.row_length=26", "--set=train.batch.max_response_length=12")
   args = [a.replace(f"--steps={STEPS}", "--steps=3") for a in args]
   rc = _launch(args, "", log_path, jax_cache, timeout_s=600)
-  assert rc == 0, open(log_path, errors="replace").read()[-4000:]
+  log = open(log_path, errors="replace").read()
+  assert rc == 0, log[-4000:]
   records = read_metrics(workdir)
   assert [r["step"] for r in records] == [1, 2, 3]
   for r in records:
     assert r["staleness_hist"] == {"0": r["num_samples"]}
     assert set(r["sample_min_token_version"]) == {r["step"] - 1}
+  rejected = [p for r in records for p in r["rejected_prompt_ids"]]
+  assert rejected and len(rejected) == len(set(rejected)) == records[-1]["total/rejected_prompts"]
+  assert f"prompts rejected by a server as invalid (dropped): {len(rejected)};" in log
+  trained = {int(i) // GROUP for r in records for i in r["sample_ids"]}
+  source = _final_source(workdir, 3)
+  pending = set(source["reissue"])
+  assert not (trained & pending) and not (set(rejected) & (trained | pending))
+  assert trained | pending | set(rejected) == set(range(source["next_index"]))

@@ -83,6 +83,7 @@ class Loop:
     self.in_flight: dict[int, Group] = {}  # dispatched prompt groups still generating
     self._last_busy: dict[str, float] = {}
     self._last_dropped = counters.dropped_stale
+    self._rejected: list[int] = []  # prompts dropped as invalid since the last record
     self._fleet_seen = (0, 0)  # the fleet's (failures, restarts) already in `counters`
     self._checkpoint_times: dict[str, float] = {}  # the last checkpoint's, for the next record
 
@@ -158,6 +159,9 @@ class Loop:
         **times, "time/train_s": t1 - t0, **handoff, "time/step_s": wall,
         "samples_per_s": sample_metrics["num_samples"] / max(wall, 1e-9),
         "dropped_stale": dropped_now,
+        # Which prompts a server refused as invalid since the last record (the only prompts a run
+        # drops): with sample_ids and the checkpoint's pending prompts, every prompt is accounted.
+        "rejected_prompt_ids": self._rejected,
         "server_busy_fraction": float(np.mean(fractions)) if fractions else 0.0,
         "client_retries": stats.client.num_retries,
         "client_malformed": stats.client.num_malformed,
@@ -174,6 +178,7 @@ class Loop:
     if step == 0 and self.initial_eval:
       record.update({k.replace("eval/", "eval/initial_", 1): v for k, v in self.initial_eval.items()})
     self.logger.log(record)
+    self._rejected = []
     self.on_step(record)
     # After the record (see the module docstring); its time is reported with the next step.
     self._checkpoint_times = await self._checkpoint_if_due(step + 1)
@@ -194,6 +199,7 @@ class Loop:
   def _count_failure(self, group: Group, error: BaseException) -> None:
     if isinstance(error, RequestRejected):
       self.counters.rejected_prompts += 1
+      self._rejected.append(group.prompt_index)
       log.error("prompt %d rejected by the server, dropped: %s", group.prompt_index, error)
     else:
       self.counters.failed_groups += 1

@@ -380,7 +380,8 @@ def main(argv: list[str]) -> None:
   del argv
   f = flags.FLAGS
   misbehave, die_after = parse_misbehave(f.misbehave)
-  knobs = "model_path weight_version vocab_size max_running_requests latency_s token_latency_s"
+  knobs = ("model_path weight_version vocab_size max_running_requests context_length latency_s "
+           "token_latency_s")
   config = StubConfig(misbehave=misbehave, die_after=die_after,
                       **{k: f[k].value for k in knobs.split()})
 
@@ -400,6 +401,8 @@ if __name__ == "__main__":
   flags.DEFINE_string("weight_version", StubConfig.weight_version, "Initial weight version.")
   flags.DEFINE_integer("vocab_size", StubConfig.vocab_size, "Fake vocabulary size.")
   flags.DEFINE_integer("max_running_requests", StubConfig.max_running_requests, "Running at once.")
+  flags.DEFINE_integer("context_length", StubConfig.context_length,
+                       "Longest prompt + max_new_tokens (a longer request gets HTTP 400).")
   flags.DEFINE_float("latency_s", 0.0, "Delay before each request's first token.")
   flags.DEFINE_float("token_latency_s", 0.0, "Delay per output token.")
   flags.DEFINE_string("misbehave", "none", "|".join(m.value for m in Misbehave) + " (die_after=K)")
