@@ -4,6 +4,7 @@ token and behaviour log-prob survives the publish in both pause modes, tokens ca
 produced them, and (abort mode) each token's log-prob is what that version's weights give."""
 
 import asyncio
+import os
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ import pytest
 
 from flashrl_jax.controller import Learner
 from flashrl_jax.fleet import Fleet, LocalServers, PauseMode, RolloutClient, SamplingParams
-from flashrl_jax.model import load_hf, token_logprobs
+from flashrl_jax.model import load_hf, token_logprobs, verify_version
 from flashrl_jax.testing import tiny_config, write_tiny_checkpoint
 from flashrl_jax.trainer import (BatchConfig, CheckpointConfig, Checkpointer, MeshConfig,
                                  OptimizerConfig, TrainConfig, Trainer, VersionStore, make_mesh,
@@ -103,3 +104,16 @@ def test_publish_mid_generation_keeps_every_token(setup, mode):
       assert result.num_continuations >= (1 if (~old).any() and old.any() else 0)
   assert spanning >= 1, ("the publish should land while requests are running: "
                          f"{[sorted(set(r.token_versions)) for r in results]}")
+
+
+def test_export_writes_a_damaged_leftover_version_again(setup, tmp_path):
+  """An export torn by a crash (exports are not fsynced) is re-exported, never served or fatal."""
+  trainer, _, _, _ = setup
+  learner = Learner(trainer, VersionStore(str(tmp_path / "versions")),
+                    Checkpointer(CheckpointConfig(str(tmp_path / "ckpt"))), keep_versions=4)
+  path = learner.export()
+  files = verify_version(path)["files"]
+  with open(os.path.join(path, "model.safetensors"), "r+b") as f:
+    f.truncate(100)
+  assert learner.export() == path
+  assert verify_version(path)["files"] == files

@@ -99,7 +99,12 @@ class Learner:
 
   def export(self) -> str:
     """Exports the current policy version, reusing an intact export left by a previous process
-    (a damaged one is written again)."""
+    (a damaged one is written again).
+
+    Not fsynced: the servers read it through this machine's page cache the moment it is published,
+    and the checkpoint, not the export, is what survives a crash (`durable=False`, see
+    `flashrl_jax.trainer.export_version`); the fsyncs cost tens of ms per step on a busy disk.
+    """
     path = self.store.path(self.policy_version)
     if os.path.exists(path):  # decided here only: the others join an export, never skip one
       try:
@@ -176,7 +181,8 @@ class Learner:
       return self.trainer.update_batch(Batch(**message.arrays))
     if op is Op.EXPORT:
       return self.store.export(self.trainer.model(), self.policy_version,
-                               config=self.trainer.model_config, step=self.trainer.step)
+                               config=self.trainer.model_config, step=self.trainer.step,
+                               durable=False)
     if op is Op.EVALUATE:
       return self.evaluator(self.trainer.model())
     if op is Op.SAVE:
