@@ -207,6 +207,28 @@ def test_no_recompilation_across_lengths(trainer):
   assert trainer.policy_version == 5
 
 
+def test_warmup_compiles_every_micro_batch_count_ahead():
+  config = TrainConfig(batch=BatchConfig(row_length=48, rows=4, sequences_per_row=2,
+                                         max_response_length=16))
+  trainer = Trainer(MODEL, config, make_mesh(""), seed=2)
+  # 8 full-length trajectories need 8 rows: 2 micro-batches of 4 rows at worst.
+  assert trainer.warmup(max_sequences=8) == [1, 2]
+  builds = []
+  listener = lambda event, seconds, **_: (
+      builds.append(event) if event == "/jax/core/compile/backend_compile_duration" else None)
+  rng = np.random.default_rng(0)
+  short = random_trajectories(rng, 8, vocab_size=96, prompt_lengths=(2, 4), response_lengths=(2, 4))
+  long = random_trajectories(rng, 8, vocab_size=96, prompt_lengths=(20, 30),
+                             response_lengths=(12, 16))
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    assert [trainer.update(t)["micro_batches"] for t in (short, long)] == [1, 2]
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert not builds, "a step compiled although warmup had built its shape"
+  assert trainer.policy_version == 2  # warmup compiled, it did not train
+
+
 def test_non_finite_gradients_are_skipped_and_counted(trainer):
   params = trainer.state.params
   # A NaN in one embedding row that the batch uses: every gradient becomes NaN.

@@ -30,7 +30,12 @@ class RolloutBackend(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-  """Rollout servers and sampling. `temperature` must equal the trainer's (behaviour log-probs)."""
+  """Rollout servers and sampling. `temperature` must equal the trainer's (behaviour log-probs).
+
+  `num_servers = 0` starts one local server per rollout core (CPU) or rollout device: on a CPU two
+  servers sharing a core give the same tokens/s as one with their slots, but every token waits for
+  both servers' decode steps (twice the latency a long response spends generating).
+  """
 
   backend: RolloutBackend = RolloutBackend.EMBEDDED
   num_servers: int = 2
@@ -57,13 +62,15 @@ class RolloutConfig:
     if self.router_url and self.backend is not RolloutBackend.SGLANG:
       raise ValueError("--router_url needs --rollout=sglang and the router's workers in "
                        "--sglang_urls (the handoff addresses them directly).")
-    if self.num_servers < 1 or self.max_running_requests < 1 or self.max_new_tokens < 1:
-      raise ValueError("num_servers, max_running_requests and max_new_tokens must be >= 1.")
+    if self.num_servers < 0 or self.max_running_requests < 1 or self.max_new_tokens < 1:
+      raise ValueError("num_servers must be >= 0 (0: one per rollout core or device), "
+                       "max_running_requests and max_new_tokens >= 1.")
     if self.pause_mode is PauseMode.RETRACT and self.backend is RolloutBackend.EMBEDDED:
       pass  # supported by our engine too
 
   @property
   def server_count(self) -> int:
+    """Servers used; 0 when started one per rollout core or device (`num_servers = 0`)."""
     return len(self.sglang_urls) if self.backend is RolloutBackend.SGLANG else self.num_servers
 
 
@@ -170,6 +177,9 @@ class RunConfig:
   plot: bool = True
   eval_every: int = 5  # steps between exact expected-accuracy evaluations (exact-match tasks); 0 = off
   eval_samples: int = 256
+  # Compile the train step for every micro-batch count before step 1 (benchmarks: no compile
+  # inside the timed steps; costs start-up time when most counts never occur).
+  precompile: bool = False
 
   def __post_init__(self):
     object.__setattr__(self, "mode", parse_enum(Mode, self.mode, "mode"))

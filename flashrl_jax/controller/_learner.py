@@ -62,6 +62,9 @@ class Learner:
     mesh = make_mesh(MeshConfig.parse(config.mesh))
     trainer = Trainer(model_config, config.train, mesh, seed=config.seed,
                       init_params=config.model_path)
+    if config.precompile:
+      log.info("train step compiled for %s micro-batches",
+               trainer.warmup(max_sequences=config.samples_per_step))
     task = task if task is not None else task_source(config)
     evaluator = None
     # Exact evaluation needs one correct response per prompt: exact-match and reasoning-gym tasks.

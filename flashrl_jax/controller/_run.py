@@ -92,7 +92,8 @@ def _start_servers(config: RunConfig, placement: Placement, log_dir: str, vocab_
     command = stub_server_command()
     extra = (f"--max_running_requests={r.max_running_requests}", f"--vocab_size={vocab_size}",
              f"--context_length={config.train.batch.row_length}", "--weight_version=0")
-  return LocalServers.start(config.model_path, r.num_servers, cpu_sets=placement.server_cpus,
+  return LocalServers.start(config.model_path, placement.num_servers,
+                            cpu_sets=placement.server_cpus,
                             server_env=placement.server_env, extra_args=extra, log_dir=log_dir,
                             command=command,
                             on_spawn=lambda servers: record_pids(pid_file, servers))

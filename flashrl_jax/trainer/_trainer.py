@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import jax
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -102,6 +103,28 @@ class Trainer:
     """Runs the jitted step on a global batch (see `tree_to_global`); returns device metrics at once."""
     self.state, metrics = self._step(self.state, batch, self.ref_params)
     return metrics
+
+  def warmup(self, max_sequences: int) -> list[int]:
+    """Compiles the step for every micro-batch count a step of up to `max_sequences` trajectories
+    can need (powers of two up to one full-length trajectory per row), without running it; returns
+    the counts. A count first met mid-run would otherwise stop that step for a whole compilation.
+    """
+    config = self.config.batch
+    per_minibatch = -(-max_sequences // self.config.num_minibatches)
+    worst = -(-per_minibatch // config.rows)
+    dummy = [Trajectory(sample_id=i, prompt_ids=np.ones(1, np.int32),
+                        response_ids=np.ones(1, np.int32), behavior_logp=np.zeros(1, np.float32),
+                        reward=0.0, group_id=i) for i in range(self.config.num_minibatches)]
+    counts = []
+    m = 1
+    while True:
+      host = pack(dummy, config, self.config.num_minibatches, min_micro_batches=m)
+      batch = tree_to_global(host, self.batch_shardings)
+      self._step.lower(self.state, batch, self.ref_params).compile()  # cached for later calls
+      counts.append(m)
+      if m >= worst:
+        return counts
+      m *= 2
 
   def compilations(self) -> int:
     """How many shapes the jitted step has compiled for (a fixed handful in a healthy run)."""
