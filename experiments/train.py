@@ -98,6 +98,10 @@ def ensure_model(config: RunConfig) -> None:
     raise app.UsageError(f"--model_path {config.model_path} is not an HF directory.")
 
 
+def _servers(config: RunConfig) -> str:
+  return str(config.rollout.server_count or "per-core")
+
+
 def describe(config: RunConfig) -> str:
   """What the run will do, printed before anything slow starts."""
   task = config.task
@@ -121,7 +125,7 @@ def describe(config: RunConfig) -> str:
   return (f"task: {what}\n"
           f"run: {config.mode.value}{alpha}, {config.steps} steps x {config.batch_size} prompts x "
           f"{config.group_size} responses, loss {config.train.loss.name.value}, "
-          f"{config.rollout.server_count} rollout servers, workdir {config.workdir}")
+          f"{_servers(config)} rollout servers, workdir {config.workdir}")
 
 
 def report(records: list[dict]) -> None:
@@ -180,12 +184,16 @@ def main(argv):
   elif leader:  # the others read it once process 0 reaches jax.distributed
     prepare_in_subprocess()
   distributed = initialize_distributed(distributed)
+  # The trainer's programs go to the persistent compilation cache the rollout servers use, so a
+  # second run of the same shapes loads them instead of compiling (minutes on a busy 2-core machine).
+  from flashrl_jax.rollout import DEFAULT_CACHE_DIR, enable_compilation_cache
+  enable_compilation_cache(os.environ.get("JAX_COMPILATION_CACHE_DIR") or DEFAULT_CACHE_DIR)
   # SIGTERM unwinds like Ctrl-C, so `run` stops its server processes instead of orphaning them
   # (set after jax.distributed, whose preemption notifier would otherwise swallow it).
   signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
   if leader:
-    print(f"starting {config.rollout.server_count} rollout servers and the trainer (the first "
-          "step includes JAX compilation)", flush=True)
+    print(f"starting {_servers(config)} rollout servers and the trainer (the first step "
+          "includes JAX compilation)", flush=True)
   with ProgressReporter(config.steps, enabled=_PROGRESS.value and leader) as progress:
     summary = run(config, on_step=progress.update, distributed=distributed)
   if summary is None:  # a trainer-only process of a multi-process run

@@ -9,7 +9,7 @@
 """
 
 from flashrl_jax.rollout._chat import ChatTemplate, TemplateError, parse_tool_calls
-from flashrl_jax.rollout._compiles import enable_compilation_cache
+from flashrl_jax.rollout._compiles import DEFAULT_CACHE_DIR, enable_compilation_cache
 from flashrl_jax.rollout._config import EngineConfig, EngineStats
 from flashrl_jax.rollout._engine import Engine
 from flashrl_jax.rollout._request import Output
@@ -17,6 +17,7 @@ from flashrl_jax.rollout._runner import ROLLOUT_RULES, rollout_mesh
 from flashrl_jax.rollout._sampling import Sampling
 
 __all__ = [
-    "ROLLOUT_RULES", "ChatTemplate", "Engine", "EngineConfig", "EngineStats", "Output", "Sampling",
-    "TemplateError", "enable_compilation_cache", "parse_tool_calls", "rollout_mesh",
+    "DEFAULT_CACHE_DIR", "ROLLOUT_RULES", "ChatTemplate", "Engine", "EngineConfig", "EngineStats",
+    "Output", "Sampling", "TemplateError", "enable_compilation_cache", "parse_tool_calls",
+    "rollout_mesh",
 ]
