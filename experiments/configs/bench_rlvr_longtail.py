@@ -20,9 +20,12 @@ Why this shape:
 - The policy is warm-started on that distribution (as the balanced bench's is on its own), so the
   lengths are the policy's own: real generation, real training on every sample, an exact-match
   reward it can learn (short and medium answers are often right; long ones rarely are).
+- One rollout server per rollout core (`num_servers=0`): sync runs two (one per core), async on a
+  1 + 1 split runs one. Two servers sharing a core would give async the same tokens/s but double
+  the time a long response spends generating, which at α = 2 decides whether it meets its deadline.
 - Training shapes: rows of 384 tokens (the longest prompt + response), 2 rows per micro-batch; a
-  step with more tokens than 768 uses 2 or 4 micro-batches (each count compiles once), so the
-  trainer pays for the tokens it gets, not for the worst step's.
+  step with more tokens than 768 uses 2, 4 or 8 micro-batches, so the trainer pays for the tokens
+  it gets, not for the worst step's; every count is compiled before step 1 (`precompile`).
 """
 
 import dataclasses
@@ -47,9 +50,9 @@ def get_config():
   config = demo.get_config()
   return dataclasses.replace(
       config, model_path=LONGTAIL_MODEL_DIR, workdir="runs/bench_rlvr_longtail", batch_size=4,
-      group_size=4, steps=40, eval_every=0,
+      group_size=4, steps=40, eval_every=0, precompile=True,
       task=dataclasses.replace(config.task, synthetic=longtail_task()),
       train=config.train.replace(batch=BatchConfig(row_length=384, rows=2, sequences_per_row=16,
                                                    max_response_length=MAX_ANSWER + 8)),
-      rollout=dataclasses.replace(config.rollout, pause_mode="in_place", max_running_requests=16,
-                                  max_new_tokens=MAX_ANSWER + 8))
+      rollout=dataclasses.replace(config.rollout, num_servers=0, pause_mode="in_place",
+                                  max_running_requests=16, max_new_tokens=MAX_ANSWER + 8))

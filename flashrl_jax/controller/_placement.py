@@ -33,6 +33,7 @@ class Placement:
   server_cpus: tuple[Cpus, ...] | None = None  # one core set per local server (CPU only)
   server_env: tuple[dict[str, str], ...] | None = None  # per local server: its device variables
   environ: tuple[tuple[str, str], ...] = ()  # set in this process before JAX starts
+  num_servers: int = 0  # local servers to start (0 for external SGLang servers)
 
 
 def plan_placement(config: RunConfig, cores: Sequence[int]) -> Placement:
@@ -47,16 +48,18 @@ def plan_placement(config: RunConfig, cores: Sequence[int]) -> Placement:
       rollout_cores, train_cores = map(tuple, resources.cpu_split(list(cores)))
     else:
       rollout_cores = train_cores = cores
+    n = n or len(rollout_cores)
     server_cpus = None
     if local:  # disjoint when there are enough, else round-robin over the rollout cores
       server_cpus = (_split(rollout_cores, n) if n <= len(rollout_cores)
                      else tuple((rollout_cores[i % len(rollout_cores)],) for i in range(n)))
     return Placement(trainer_cpus=train_cores, controller_cpus=rollout_cores if is_async else None,
-                     server_cpus=server_cpus, server_env=None)
+                     server_cpus=server_cpus, server_env=None, num_servers=n if local else 0)
   first = resources.rollout_devices if is_async else 0
   visible = ",".join(str(i) for i in range(first, first + resources.train_devices))
   variable = "CUDA_VISIBLE_DEVICES" if resources.platform == "gpu" else "TPU_VISIBLE_CHIPS"
   server_env = None
+  n = n or resources.rollout_devices
   if local:
     if resources.rollout_devices % n:
       raise ValueError(f"{resources.rollout_devices} rollout devices do not split evenly over "
@@ -70,7 +73,8 @@ def plan_placement(config: RunConfig, cores: Sequence[int]) -> Placement:
         raise ValueError("TPU rollout servers take one chip each; use --rollout_devices = servers.")
       server_env = tuple(device_env(i, tpu_ids=[i[0] for i in ids]) for i in range(n))
   return Placement(trainer_cpus=None, controller_cpus=None, server_cpus=None,
-                   server_env=server_env, environ=((variable, visible),))
+                   server_env=server_env, environ=((variable, visible),),
+                   num_servers=n if local else 0)
 
 
 def _split(cores: Cpus, n: int) -> tuple[Cpus, ...]:

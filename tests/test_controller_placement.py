@@ -1,0 +1,25 @@
+"""Where a run's processes go (`plan_placement`, a pure function of the config and the cores)."""
+
+import dataclasses
+
+from flashrl_jax.controller import RolloutConfig, plan_placement
+from experiments.configs import bench_rlvr_longtail
+
+
+def test_one_server_per_rollout_core_when_num_servers_is_zero():
+  config = bench_rlvr_longtail.get_config()
+  config = config.replace(rollout=dataclasses.replace(config.rollout, num_servers=0))
+  sync = plan_placement(config.replace(mode="sync", async_ratio=0), [0, 1])
+  assert sync.num_servers == 2 and sync.server_cpus == ((0,), (1,))
+  split = plan_placement(config.replace(mode="async", async_ratio=2), [0, 1])  # 1 + 1 cores
+  assert split.num_servers == 1 and split.server_cpus == ((0,),)
+  assert split.trainer_cpus == (1,) and split.controller_cpus == (0,)
+  # An explicit count still shares the rollout core round-robin.
+  two = config.replace(mode="async", rollout=dataclasses.replace(config.rollout, num_servers=2))
+  assert plan_placement(two, [0, 1]).server_cpus == ((0,), (0,))
+
+
+def test_negative_server_count_is_refused():
+  import pytest
+  with pytest.raises(ValueError, match="num_servers must be >= 0"):
+    RolloutConfig(num_servers=-1)
