@@ -2,7 +2,9 @@
 loopback): both the sync baseline and async α=2 learn the demo task — the held-out probability of the
 exact answer, computed without sampling noise, goes up — and the staleness of every consumed sample
 respects the bound (0 for sync), three times over: from the weight versions the servers reported for
-each sample's tokens, from the trainer's own per-token metric, and from the controller's histogram."""
+each sample's tokens, from the trainer's own per-token metric, and from the controller's histogram.
+The sync run also has its servers refuse version 3 (corrupted between its export and its handoff):
+a synchronous handoff writes it again and republishes it, and the run goes on."""
 
 import json
 import os
@@ -26,22 +28,27 @@ def demo_model():
   return ensure_demo_model(os.path.join(ROOT, DEMO_MODEL_DIR), progress=False)
 
 
-def _run(workdir, steps, *flags):
+def _run(workdir, steps, *flags, failpoints=""):
   cmd = [sys.executable, "-m", "experiments.train", f"--workdir={workdir}", f"--steps={steps}",
          "--batch_size=16", "--group_size=8", "--learning_rate=3e-4", f"--eval_every={steps}",
          "--plot=true", "--progress=false", *flags]
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
-                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+                        env=dict(os.environ, JAX_PLATFORMS="cpu", FLASHRL_FAILPOINTS=failpoints))
   assert proc.returncode == 0, proc.stderr[-4000:]
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
+    return [json.loads(line) for line in f], proc.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode_flags,alpha,steps", [
     (["--mode=sync"], 0, SYNC_STEPS), (["--mode=async", "--async_ratio=2"], 2, ASYNC_STEPS)])
 def test_run_learns_and_respects_staleness(tmp_path, demo_model, mode_flags, alpha, steps):
-  records = _run(tmp_path / "run", steps, f"--model_path={demo_model}", *mode_flags)
+  failpoints = "published@3=corrupt" if alpha == 0 else ""
+  records, log = _run(tmp_path / "run", steps, f"--model_path={demo_model}", *mode_flags,
+                      failpoints=failpoints)
+  if failpoints:
+    assert "refused policy version 3" in log and "writing policy version 3 again" in log, log[-4000:]
+    assert records[-1]["total/versions_refused"] == 1
   assert [r["step"] for r in records] == list(range(1, steps + 1))
   assert [r["policy_version"] for r in records] == list(range(1, steps + 1))
   for r in records:

@@ -34,7 +34,7 @@ class Counters:
   redundant_groups: int = 0  # lock-step rounds: complete groups beyond the step's B
   server_failures: int = 0
   server_restarts: int = 0
-  versions_refused: int = 0  # publishes the servers refused (the version was exported again)
+  versions_refused: int = 0  # publishes the servers refused (exported again, or superseded)
   episodes: EpisodeCounts = dataclasses.field(default_factory=EpisodeCounts)
 
   def to_json(self) -> dict[str, int]:

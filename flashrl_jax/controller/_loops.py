@@ -13,10 +13,17 @@ flight or buffered re-issued after a resume). The record goes first: a process k
 resumes from the previous checkpoint and redoes the step, whose record is rolled back with it, so
 no step is ever lost from the metrics nor counted twice.
 
+Async mode (α >= 1) hands each new version over *behind* the next training step: the trainer needs
+none of the servers' state to train, so it waits only for its own export and for the previous
+handoff to have finished (one handoff at a time), while pause, load and resume run on the rollout
+side (they were ~40% of an async step when the trainer waited for them). A sync step's handoff has
+nothing in flight to pause (single-turn tasks): the servers only load.
+
 A version the servers refuse to load (its directory was damaged after it was written) is exported
 again from the learner's weights and published again; if they still refuse it, they go on serving
 the previous version (the fleet's version stays there, so the staleness bound stays exact) and the
-next update publishes the next one.
+next update publishes the next one. A handoff behind training learns of a refusal only once the
+trainer has moved on, so there the next version, freshly exported, supersedes the refused one.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import numpy as np
 
@@ -86,26 +93,37 @@ class Loop:
     self._rejected: list[int] = []  # prompts dropped as invalid since the last record
     self._fleet_seen = (0, 0)  # the fleet's (failures, restarts) already in `counters`
     self._checkpoint_times: dict[str, float] = {}  # the last checkpoint's, for the next record
+    self._handoff: asyncio.Task | None = None  # async mode: the handoff running behind training
 
   async def run(self) -> None:
     # Servers start from whatever they loaded; make them serve exactly the learner's version.
     await self._publish()
-    if self.config.mode is Mode.ASYNC:
-      await self._run_async()
-    else:
-      await self._run_sync()
+    try:
+      if self.config.mode is Mode.ASYNC:
+        await self._run_async()
+      else:
+        await self._run_sync()
+    finally:
+      if self._handoff is not None:  # never leave the fleet mid-handoff
+        await asyncio.gather(self._handoff, return_exceptions=True)
 
   # --- one step's end: train, publish, checkpoint, log -------------------------------------------
 
-  async def _publish(self) -> dict[str, float]:
+  async def _export(self) -> tuple[int, str, dict[str, float]]:
     version = self.learner.policy_version
     t0 = time.perf_counter()
     path = await asyncio.to_thread(self.learner.export)
     times = {"time/export_s": time.perf_counter() - t0}
     failpoints.hit("published", version, path=path)
+    return version, path, times
+
+  async def _publish(self, *, idle: bool = False) -> dict[str, float]:
+    """Exports the learner's version and hands it to the fleet (`idle`: nothing is in flight),
+    exporting it again if the servers refuse it."""
+    version, path, times = await self._export()
     for attempt in range(MAX_REEXPORTS + 1):
       try:
-        times.update(await self.fleet.publish(path, version))
+        times.update(await self.fleet.publish(path, version, idle=idle))
         break
       except VersionRefused as refused:
         self.counters.versions_refused += 1
@@ -122,12 +140,45 @@ class Loop:
     self.learner.collect_garbage()
     return times
 
+  async def _publish_behind(self, on_published: Callable[[], Awaitable[None]]
+                            ) -> dict[str, float]:
+    """Async mode: waits for the previous handoff, exports, and starts this version's handoff
+    without waiting for it (the next training step runs meanwhile). Returns the wait, the export
+    time and the phase times of the previous handoff."""
+    t0 = time.perf_counter()
+    phases = await self._handoff if self._handoff is not None else {}
+    self._handoff = None
+    # Waited for before exporting: the handoff's garbage collection never meets an export.
+    times = {"time/handoff_wait_s": time.perf_counter() - t0, **phases}
+    version, path, export_times = await self._export()
+    times.update(export_times)
+
+    async def handoff() -> dict[str, float]:
+      try:
+        phases = await self.fleet.publish(path, version)
+      except VersionRefused as refused:  # the trainer has moved on: the next version supersedes
+        self.counters.versions_refused += 1
+        log.error("%s", refused)
+        log.error("servers go on serving policy version %d; the next update publishes version "
+                  "%d", self.fleet.version, version + 1)
+        phases = {}
+      self.learner.hold(self.fleet.version)
+      self.learner.collect_garbage()
+      await on_published()
+      return phases
+
+    self._handoff = asyncio.create_task(handoff())
+    return times
+
   def _update(self, trajectories: list[Trajectory]) -> dict[str, float]:
     failpoints.hit("train", self.learner.policy_version, urls=self.fleet.urls)
     return self.learner.update(trajectories)
 
   async def _train_and_publish(self, groups: list[Group], step: int, times: dict[str, float],
-                               step_start: float) -> None:
+                               step_start: float, *, idle: bool = False,
+                               on_published: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Trains on `groups`, publishes the new version (behind the next step when `on_published` is
+    given; `idle`: nothing is in flight), logs the step and checkpoints when due."""
     cfg = self.config
     sample_metrics = step_sample_metrics(groups, self.learner.policy_version)
     t0 = time.perf_counter()
@@ -137,7 +188,10 @@ class Loop:
     train_metrics = {f"trainer/{k}" if k.startswith("staleness") else k: v
                      for k, v in train_metrics.items()}
     t1 = time.perf_counter()
-    handoff = await self._publish()
+    if on_published is None:
+      handoff = await self._publish(idle=idle)
+    else:
+      handoff = await self._publish_behind(on_published)
     self.counters.samples_trained += sample_metrics["num_samples"]
     wall = time.perf_counter() - step_start
     stats = self.fleet.stats()
@@ -226,7 +280,9 @@ class Loop:
         times["time/wait_data_s"] = time.perf_counter() - step_start
       else:
         groups, times = await self._generate_batch()
-      await self._train_and_publish(groups, step, times, step_start)
+      # A single-turn batch leaves nothing in flight: the servers need no pause to load.
+      await self._train_and_publish(groups, step, times, step_start,
+                                    idle=not isinstance(self.runner, EnvGroupRunner))
 
   async def _generate_batch(self) -> tuple[list[Group], dict[str, float]]:
     """B groups generated together, then scored together (refilled while filtering drops some)."""
@@ -298,6 +354,13 @@ class Loop:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
+    async def published() -> None:
+      async with cond:  # the fleet's version rose: dispatch may proceed
+        cond.notify_all()
+
+    # At α = 0 nothing can be generated before the handoff, so it gains nothing behind training;
+    # there the handoff keeps its synchronous path (a refused version is exported again).
+    behind = published if cfg.async_ratio > 0 else None
     dispatch_task = asyncio.create_task(dispatcher())
     try:
       for step in range(self.start_step, cfg.steps):
@@ -321,9 +384,9 @@ class Loop:
             await cond.wait()
         times = {"time/wait_data_s": time.perf_counter() - step_start,
                  "in_flight_groups": len(self.in_flight), "buffered_groups": len(self.buffer)}
-        await self._train_and_publish(groups, step, times, step_start)
-        async with cond:  # the publish raised the fleet's version: dispatch may proceed (α = 0)
-          cond.notify_all()
+        await self._train_and_publish(groups, step, times, step_start, on_published=behind)
+        if behind is None:
+          await published()
     finally:
       stop.set()
       async with cond:

@@ -65,15 +65,16 @@ class Fleet:
     """One sample to stop/length on the least-loaded server, continued across weight updates."""
     return await self.client.generate(input_ids, sampling, rid=rid)
 
-  async def publish(self, path: str, version: int) -> dict[str, float]:
+  async def publish(self, path: str, version: int, *, idle: bool = False) -> dict[str, float]:
     """Makes every server serve the HF directory `path` as `version`; returns the phase times.
 
     Servers that fail the handoff leave rotation and rejoin on this version once recovered;
     requests in flight survive (continued under the new weights in abort mode, kept in place in
     in_place mode). Raises `VersionRefused` if servers refused the directory: they go on serving
-    their weights, and `version` stays what every server serves (the previous one).
+    their weights, and `version` stays what every server serves (the previous one). `idle`: nothing
+    is in flight (the caller guarantees it), so the servers load without a pause.
     """
-    times = await self._supervisor.handoff(path, version, self.pause_mode)
+    times = await self._supervisor.handoff(path, version, self.pause_mode, idle=idle)
     self.version = version
     return times
 

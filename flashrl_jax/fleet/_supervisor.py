@@ -111,13 +111,27 @@ class Supervisor:
 
   # --- weight publishes that tolerate failed servers ---------------------------------------------
 
-  async def handoff(self, path: str, version: int, pause_mode: PauseMode) -> dict[str, float]:
+  async def handoff(self, path: str, version: int, pause_mode: PauseMode, *,
+                    idle: bool = False) -> dict[str, float]:
     """pause -> load -> continue on every server in the client; servers that fail go to recovery.
 
+    `idle`: the caller has nothing in flight (a sync step's end), so there is nothing to pause:
+    only the load runs (an update to an idle server applies at once), two round trips fewer.
     Raises `VersionRefused` (after generation resumed) if servers refused the directory."""
     refused: dict[str, str] = {}
     async with self.lock:
       t1 = time.perf_counter()
+      if idle:
+        failpoints.hit("handoff", version, servers=self.servers, urls=self.client.urls)
+        loaded = await self._tolerant(
+            lambda u: self.client.update_weights_from_disk(path, str(version), urls=u),
+            self.client.urls, refused)
+        if not refused:
+          self._served = (path, version)
+        t2 = time.perf_counter()
+        if refused:
+          raise VersionRefused(version, path, refused, loaded)
+        return {"time/pause_s": 0.0, "time/load_s": t2 - t1, "time/resume_s": 0.0}
       urls = await self._tolerant(lambda u: self.client.pause(pause_mode, urls=u), self.client.urls)
       failpoints.hit("handoff", version, servers=self.servers, urls=urls)
       t2 = time.perf_counter()
