@@ -131,15 +131,23 @@ def _safetensors_files(path: str) -> dict[str, str]:
   raise FileNotFoundError(f"No model.safetensors or model.safetensors.index.json in {path}.")
 
 
-def _read_tensor(file: str, name: str) -> np.ndarray:
-  # framework="flax" handles bfloat16, which plain NumPy cannot describe; we go back to host NumPy.
-  try:
-    with safe_open(file, framework="flax") as f:
-      return np.asarray(f.get_tensor(name))
-  except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for bad files
-    if isinstance(e, (ValueError, OSError)):
-      raise
-    raise ValueError(f"cannot read tensor {name} from {file}: {e!r:.300}") from None
+def _read_tensors(files: dict[str, str], names: list[str]) -> dict[str, np.ndarray]:
+  """Host NumPy arrays of `names` (bfloat16 through ml_dtypes), each file opened once: a rollout
+  server reloads every policy version, and opening a file per tensor cost more than reading it."""
+  by_file: dict[str, list[str]] = {}
+  for name in names:
+    by_file.setdefault(files[name], []).append(name)
+  out = {}
+  for file, wanted in by_file.items():
+    try:
+      with safe_open(file, framework="numpy") as f:
+        for name in wanted:
+          out[name] = f.get_tensor(name)
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for bad files
+      if isinstance(e, (ValueError, OSError)):
+        raise
+      raise ValueError(f"cannot read tensors from {file}: {e!r:.300}") from None
+  return out
 
 
 def read_config(path: str) -> ModelConfig:
@@ -173,10 +181,12 @@ def load_hf_state(path: str, config: ModelConfig, abstract_state: nnx.State,
     raise ValueError(f"Checkpoint {path} does not match {config.family.architecture}: "
                      f"missing tensors {missing[:8]}{'...' if len(missing) > 8 else ''}, "
                      f"unexpected tensors {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}.")
+  values = _read_tensors(files, [entry.hf_name for entry in table])
+  arrays, placements = [], []
   for entry in table:
     variable = flat[entry.path]
     shape, dtype = variable.value.shape, variable.value.dtype
-    value = _read_tensor(files[entry.hf_name], entry.hf_name)
+    value = values[entry.hf_name]
     expected = _expected_hf_shape(shape, entry.kind)
     if tuple(value.shape) != expected:
       raise ValueError(f"Tensor {entry.hf_name} in {path} has shape {tuple(value.shape)}, "
@@ -188,9 +198,16 @@ def load_hf_state(path: str, config: ModelConfig, abstract_state: nnx.State,
     if not np.isfinite(array).all():  # NaN/inf weights would only ever produce NaN log-probs
       raise ValueError(f"Tensor {entry.hf_name} in {path} holds non-finite values.")
     sharding = flat_shardings.get(entry.path)
-    sharding = getattr(sharding, "value", sharding)
-    flat[entry.path] = variable.replace(
-        jax.device_put(array, sharding) if sharding is not None else jnp.asarray(array))
+    arrays.append(array)
+    placements.append(getattr(sharding, "value", sharding))
+  # One transfer for all tensors: per-tensor calls cost more than the copies at small sizes.
+  if all(p is not None for p in placements):
+    placed = jax.device_put(arrays, placements)
+  else:
+    placed = [jax.device_put(a, p) if p is not None else jnp.asarray(a)
+              for a, p in zip(arrays, placements)]
+  for entry, array in zip(table, placed):
+    flat[entry.path] = flat[entry.path].replace(array)
   return nnx.from_flat_state(flat)
 
 
