@@ -239,7 +239,7 @@ class _Bench:
     path = self.config.model_path
     busy, idle = [], []
     for version in range(1, self.reps + 2):
-      idle.append(await self.fleet.publish(path, 2 * version))
+      idle.append(await self.fleet.publish(path, 2 * version, idle=True))  # as a sync step
       load = asyncio.create_task(self.batch(self.slots * self.workers,
                                             self.config.rollout.max_new_tokens))
       await asyncio.sleep(0.2)
@@ -329,7 +329,8 @@ class _Bench:
         await asyncio.to_thread(self.trainer.update, batch)
         middle = time.perf_counter()
         await asyncio.to_thread(store.export, self.trainer.model(), self.trainer.policy_version,
-                                config=self.trainer.model_config, step=self.trainer.step)
+                                config=self.trainer.model_config, step=self.trainer.step,
+                                durable=False)  # as the learner's handoff exports
         exports.append(time.perf_counter() - middle)
         tokens.append(sum(len(t.prompt_ids) + len(t.response_ids) for t in batch))
         seconds.append(middle - start)

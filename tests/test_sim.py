@@ -92,7 +92,7 @@ def test_a_handoff_behind_training_leaves_the_trainer_export_and_wait():
   # the trainer's period is train + export + handoff (pause, load, resume: 0.1 + 0.4 + 0.1);
   # behind it, train + export. With a step shorter than the handoff, the trainer waits for the
   # previous handoff, so its period is never shorter than a handoff.
-  def period(train_s: float, behind: bool) -> float:
+  def period(train_s: float, behind: bool | None) -> float:
     cost = sim.CostModel(decode=sim.LinearDecode(1e-4, 0.0), train=sim.TrainModel(train_s, 0.0),
                          sync=sim.SyncModel(0.2, 0.1, 0.4, 0.1), reward_s=0.0)
     config = tiny(cost=cost, lengths=CycleLengths([2]), steps=6, warmup_steps=2,
@@ -103,6 +103,7 @@ def test_a_handoff_behind_training_leaves_the_trainer_export_and_wait():
 
   assert period(1.0, behind=False) == pytest.approx(1.0 + 0.2 + 0.6, rel=1e-3)
   assert period(1.0, behind=True) == pytest.approx(1.0 + 0.2, rel=1e-3)
+  assert period(1.0, behind=None) == period(1.0, behind=True)  # the controller's rule at α = 2
   assert 0.6 <= period(0.2, behind=True) < period(0.2, behind=False)
 
 

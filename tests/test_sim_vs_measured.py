@@ -55,6 +55,10 @@ def test_async_prediction_uses_the_async_layout_and_the_bound():
   config = sim_vs_measured.sim_config(cal, "async", 2, batch_size=4, group_size=4,
                                       pause_mode=PauseMode.IN_PLACE, steps=8, warmup=3)
   assert config.train_gpus == 1 and config.training.alpha == 2
+  assert config.training.behind  # as the controller's loop does at α >= 1
+  on_policy = sim_vs_measured.sim_config(cal, "async", 0, batch_size=4, group_size=4,
+                                         pause_mode=PauseMode.IN_PLACE, steps=8, warmup=3)
+  assert not on_policy.training.behind  # α = 0 publishes before the next step
   result = sim.simulate(config, seed=0)
   # Generation-bound (training is short): two workers of 8 slots turn 16 responses of 50 tokens
   # over in 0.2 s plus latencies, and async overlaps the rest.

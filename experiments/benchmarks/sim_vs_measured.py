@@ -1,6 +1,6 @@
 """The simulator against real runs it never saw: calibrated on microbenchmarks, then predicting.
 
-    python -m experiments.benchmarks.sim_vs_measured [--regimes=bench_rlvr,paper] [--modes=sync,1,2,4]
+    python -m experiments.benchmarks.sim_vs_measured [--regimes=longtail,balanced] [--modes=sync,1,2,4]
 
 For each regime (a run config file) the script first calibrates `flashrl_jax.sim` with standalone
 microbenchmarks of the real parts (`experiments/_calibration.py`: decode step by live requests on the
@@ -35,14 +35,18 @@ from experiments import _calibration
 from flashrl_jax import sim
 from flashrl_jax.scheduling import EmpiricalLengths
 
-REGIMES = {"balanced": "experiments/configs/bench_rlvr.py",
-           "paper": "experiments/configs/bench_rlvr_longtail.py"}
+# The regimes of `async_vs_sync` (name -> config, steps, warm-up steps): the runs predicted are
+# those runs, with the same steps and the same steps excluded.
+REGIMES = {"longtail": ("experiments/configs/bench_rlvr_longtail.py", 40, 8),
+           "balanced": ("experiments/configs/bench_rlvr.py", 24, 6)}
 
-_REGIMES = flags.DEFINE_list("regimes", ["balanced", "paper"],
+_REGIMES = flags.DEFINE_list("regimes", list(REGIMES),
                              f"Regimes ({', '.join(REGIMES)}) or config file paths.")
 _MODES = flags.DEFINE_list("modes", ["sync", "1", "2", "4"], "sync and/or async ratios α.")
-_STEPS = flags.DEFINE_integer("steps", 16, "Training steps per run.")
-_WARMUP = flags.DEFINE_integer("warmup_steps", 4, "Leading steps excluded (compiles, fill).")
+_STEPS = flags.DEFINE_integer("steps", None, "Training steps per run (default: the regime's; "
+                              "16 for a config file path).")
+_WARMUP = flags.DEFINE_integer("warmup_steps", None, "Leading steps excluded (compiles, fill; "
+                               "default: the regime's, 4 for a config file path).")
 _SEEDS = flags.DEFINE_integer("seeds", 8, "Simulation seeds averaged per prediction.")
 _REPS = flags.DEFINE_integer("reps", 3, "Repetitions of each microbenchmark point (medians).")
 _OUT = flags.DEFINE_string("out", None, "Directory for runs and calibrations (default: temp).")
@@ -66,7 +70,7 @@ def sim_config(calibration: dict, mode: str, alpha: int, batch_size: int, group_
       sync=sim.SyncModel(export_s=tr["export_s"] * t, **handoff))
   workers = ro["workers"]
   training = (sim.SyncTraining() if mode == "sync"
-              else sim.AsyncTraining(alpha=alpha, train_gpus=1))
+              else sim.AsyncTraining(alpha=alpha, train_gpus=1))  # hands over as the controller
   return sim.SimConfig(
       gpus=workers + (0 if mode == "sync" else 1), slots=ro["slots"], batch_prompts=batch_size,
       group_size=group_size, steps=steps - warmup, warmup_steps=warmup,
@@ -87,10 +91,10 @@ def measured(workdir: str, warmup: int) -> dict:
                                                         for r in records]), 1e-9))}
 
 
-def run(config_path: str, workdir: str, mode: str, alpha: int) -> dict:
+def run(config_path: str, workdir: str, mode: str, alpha: int, steps: int) -> dict:
   flags_ = ["--mode=sync"] if mode == "sync" else ["--mode=async", f"--async_ratio={alpha}"]
   cmd = [sys.executable, "-m", "experiments.train", f"--config={config_path}",
-         f"--workdir={workdir}", f"--steps={_STEPS.value}", "--progress=false", "--plot=false",
+         f"--workdir={workdir}", f"--steps={steps}", "--progress=false", "--plot=false",
          "--eval_every=0", *flags_]
   before = _calibration.probe()
   start = time.perf_counter()
@@ -116,7 +120,9 @@ def main(argv):
   print(f"runs and calibrations in {out} ({os.cpu_count()} cores)", flush=True)
   rows = []
   for regime in _REGIMES.value:
-    path = REGIMES.get(regime, regime)
+    path, steps, warmup = REGIMES.get(regime, (regime, 16, 4))
+    steps = _STEPS.value or steps
+    warmup = warmup if _WARMUP.value is None else _WARMUP.value
     if not os.path.exists(path):
       print(f"{regime}: {path} does not exist, skipped", flush=True)
       continue
@@ -148,14 +154,14 @@ def main(argv):
       workdir = os.path.join(out, f"{regime}_{'sync' if mode == 'sync' else f'async_a{alpha}'}")
       config = _calibration.load_config(path, mode="sync" if mode == "sync" else "async",
                                         async_ratio=alpha)
-      info = run(path, workdir, "sync" if mode == "sync" else "async", alpha)
+      info = run(path, workdir, "sync" if mode == "sync" else "async", alpha, steps)
       cal = calibrations["sync" if mode == "sync" else "async"]
       place = cal["placement"]
       rollout_cores = sorted({c for cpus in place["server_cpus"] for c in cpus})
       slow_r = _calibration.slowdown(cal, info, rollout_cores)
       slow_t = _calibration.slowdown(cal, info, place["train_cpus"])
       knobs = ("sync" if mode == "sync" else "async", alpha, config.batch_size, config.group_size,
-               config.rollout.pause_mode, _STEPS.value, _WARMUP.value)
+               config.rollout.pause_mode, steps, warmup)
 
       def predict(r: float, t: float) -> list[sim.SimResult]:
         simulated = sim_config(cal, *knobs, rollout_slowdown=r, train_slowdown=t)
@@ -164,7 +170,7 @@ def main(argv):
       results, unscaled = predict(slow_r, slow_t), predict(1.0, 1.0)
       predicted = float(np.mean([r.samples_per_s for r in results]))
       raw = float(np.mean([r.samples_per_s for r in unscaled]))
-      got = measured(workdir, _WARMUP.value)
+      got = measured(workdir, warmup)
       row = {"regime": regime, "mode": name, "measured": got["samples_per_s"],
              "predicted": predicted, "predicted_raw": raw, "slowdown": [slow_r, slow_t],
              "error": abs(predicted - got["samples_per_s"]) / got["samples_per_s"],

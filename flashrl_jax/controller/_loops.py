@@ -358,9 +358,9 @@ class Loop:
       async with cond:  # the fleet's version rose: dispatch may proceed
         cond.notify_all()
 
-    # At α = 0 nothing can be generated before the handoff, so it gains nothing behind training;
-    # there the handoff keeps its synchronous path (a refused version is exported again).
-    behind = published if cfg.async_ratio > 0 else None
+    # Behind training at α >= 1 (the scheduling rule); at α = 0 the handoff keeps its synchronous
+    # path (a refused version is exported again).
+    behind = published if self.bound.hands_over_behind_training else None
     dispatch_task = asyncio.create_task(dispatcher())
     try:
       for step in range(self.start_step, cfg.steps):

@@ -51,6 +51,13 @@ class StalenessBound:
       raise ValueError(f"batch_size must be > 0, got {self.batch_size}.")
 
   @property
+  def hands_over_behind_training(self) -> bool:
+    """Whether each new version goes to the servers behind the next training step (the trainer
+    waits only for its export and the previous handoff). At α = 0 nothing can be generated before
+    the handoff, so it gains nothing behind training and keeps the synchronous path."""
+    return self.async_ratio > 0
+
+  @property
   def max_outstanding(self) -> int:
     """Prompt groups allowed in flight or buffered at once."""
     return (1 + self.async_ratio) * self.batch_size

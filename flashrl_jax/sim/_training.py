@@ -89,13 +89,20 @@ class AsyncTraining:
     abort_hopeless: at each update, abort in-flight groups that can no longer be fresh (the
       controller instead lets them finish and drops them from the buffer, the default here).
     publish_behind: hand each new version to the servers behind the next training step (the
-      trainer waits for its export and for the previous handoff only) instead of before it.
+      trainer waits for its export and for the previous handoff only) instead of before it; None:
+      as the controller does (`StalenessBound.hands_over_behind_training`: at α >= 1).
   """
 
   alpha: int = 2
   train_gpus: int = 1
   abort_hopeless: bool = False
-  publish_behind: bool = False
+  publish_behind: bool | None = None
+
+  @property
+  def behind(self) -> bool:
+    if self.publish_behind is not None:
+      return self.publish_behind
+    return StalenessBound(self.alpha, 1).hands_over_behind_training
 
   def __post_init__(self):
     if self.alpha < 0 or self.train_gpus < 1:
@@ -145,7 +152,7 @@ class AsyncTraining:
     run.loop.at(run.loop.now + run.config.cost.sync.export_s, self._exported, run)
 
   def _exported(self, run: Run) -> None:
-    if not self.publish_behind:
+    if not self.behind:
       run.sync(run.version, then=lambda: self._published(run))
       return
     run.loop.at(max(run.loop.now, run.sync_free_at), self._hand_over, run)
