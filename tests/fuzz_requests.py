@@ -154,9 +154,10 @@ def _extreme_body(rng: random.Random, vocab: int) -> dict:
       "stop_regex": rng.choice([[], ["a+"], ["."], ["(?:a|b)*#", "\\d"]]),
       "ignore_eos": rng.random() < 0.5, "skip_special_tokens": rng.random() < 0.5,
       "no_stop_trim": rng.random() < 0.5, "sampling_seed": rng.choice([None, 0, -1, 2**63, 10**30])}
-  return {"input_ids": [rng.randrange(vocab) for _ in range(rng.randint(1, 100))],
-          "sampling_params": sampling, "return_logprob": True,
-          "top_logprobs_num": rng.choice([0, 5, 20]), "logprob_start_len": rng.choice([-1, 0, 1]),
+  prompt = [rng.randrange(vocab) for _ in range(rng.randint(1, 100))]
+  return {"input_ids": prompt, "sampling_params": sampling, "return_logprob": True,
+          "top_logprobs_num": rng.choice([0, 5, 20]),
+          "logprob_start_len": rng.choice([-1, 0, len(prompt) - 1]),  # < the prompt's length
           "return_text_in_logprobs": rng.random() < 0.5, "stream": rng.random() < 0.3}
 
 

@@ -72,6 +72,9 @@ def test_engine_limits_are_checked_before_queuing(engine, clean):
     engine.submit([5], Sampling(stop_token_ids=(96,)))
   with pytest.raises(ValueError, match="finite"):
     Sampling.from_json({"max_new_tokens": 1e400})
+  for key in ("temperature", "top_p", "min_p"):  # an integer no float holds (found by fuzzing)
+    with pytest.raises(ValueError, match=f"{key} is out of range"):
+      Sampling.from_json({key: 10**400})
   _same(engine.generate([[5, 6]], GREEDY)[0], clean[(5, 6)])
 
 

@@ -10,6 +10,8 @@
   non-finite or int weights, wrong config types, malformed indexes and manifests, FIFOs, path
   traversal): each update is refused with `success: false` and a reason, and the old weights keep
   serving; an intact export then loads.
+- Limits: each one (body, inflated gzip body, text length, n, samples) refused at the edge naming
+  it, `/health` answering meanwhile; a bad `stream_options` refused before its stream starts.
 - A killed engine thread (`--enable_fault_injection`): the process stays up and answers 503 on
   generation, health and updates, which the client takes as a server failure.
 """
@@ -17,11 +19,10 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import aiohttp
 import numpy as np
@@ -33,8 +34,8 @@ from flashrl_jax.model import save_hf
 from flashrl_jax.testing import tiny_config, tiny_model, write_tiny_checkpoint
 from flashrl_jax.trainer import export_version
 from tests import fuzz_requests
+from tests.server_process import server_process
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = tiny_config(max_position_embeddings=512)
 VALID = {"input_ids": [5, 6, 7], "return_logprob": True,
          "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}}
@@ -55,27 +56,11 @@ def dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def url(dirs):
-  cmd = [sys.executable, "-m", "flashrl_jax.rollout.server", f"--model_path={dirs / 'model'}",
-         "--port=0", "--max_running_requests=4", "--context_length=128", "--weight_version=0",
-         "--max_body_bytes=1048576", "--max_text_chars=4096", "--max_n=8",
-         "--max_samples_per_request=16", "--enable_fault_injection"]
-  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=dict(os.environ, JAX_PLATFORMS="cpu"), cwd=ROOT)
-  lines = []
-  try:
-    for line in proc.stdout:
-      lines.append(line)
-      if line.startswith("flashrl_jax rollout server ready on "):
-        break
-    else:
-      raise RuntimeError("server exited:\n" + "".join(lines))
-    yield line.split(" on ")[1].strip()
-  finally:
-    proc.terminate()
-    try:
-      proc.wait(30)
-    except subprocess.TimeoutExpired:
-      proc.kill()
+  with server_process(f"--model_path={dirs / 'model'}", "--port=0", "--max_running_requests=4",
+                      "--context_length=128", "--weight_version=0", "--max_body_bytes=1048576",
+                      "--max_text_chars=4096", "--max_n=8", "--max_samples_per_request=16",
+                      "--enable_fault_injection") as address:
+    yield address
 
 
 async def _send(s: aiohttp.ClientSession, url: str, case: fuzz_requests.Case) -> tuple[int, str]:
@@ -92,6 +77,12 @@ async def _valid(s, url) -> tuple:
   return out.output_ids, out.output_logprobs
 
 
+def _no_internal_error(event, where: str) -> None:
+  """A stream's 200 is sent before it fails: a failure (a 500 had it not started) is an event."""
+  error = event.get("error") if isinstance(event, dict) else None
+  assert "internal server error" not in json.dumps(error), f"{where}: {error}"
+
+
 def _check_answer(case: fuzz_requests.Case, status: int, text: str) -> None:
   where = f"{case.label} {case.method} {case.path} {case.body[:300] if case.body else b''!r}"
   assert status < 500, f"{status} for {where}: {text[:500]}"
@@ -101,7 +92,7 @@ def _check_answer(case: fuzz_requests.Case, status: int, text: str) -> None:
     for line in text.splitlines() if text.startswith("data:") else [text]:
       line = line[len("data:"):].strip() if line.startswith("data:") else line
       if line and line != "[DONE]":
-        _strict_json(line)
+        _no_internal_error(_strict_json(line), where)
     return
   if case.path != "/generate" or status != 200:
     if text.lstrip().startswith(("{", "[")):
@@ -111,7 +102,7 @@ def _check_answer(case: fuzz_requests.Case, status: int, text: str) -> None:
     events = [line[len("data:"):].strip() for line in text.splitlines() if line.strip()]
     assert events[-1] == "[DONE]", where
     for event in events[:-1]:
-      _strict_json(event)
+      _no_internal_error(_strict_json(event), where)
     return
   body = json.loads(case.body)
   results = _strict_json(text)
@@ -367,6 +358,82 @@ def test_corrupt_weight_directories_are_refused_and_old_weights_keep_serving(url
   assert len(corrupt) >= 60
 
 
+def _message(text: str) -> str:
+  """The error message of a native (`{"error": {"message"}}`) or OpenAI (`{"message"}`) answer."""
+  answer = _strict_json(text)
+  return answer.get("error", answer)["message"]
+
+
+def test_each_limit_is_refused_at_the_edge_naming_it(url):
+  """A request over a limit (this server: body 1 MiB, text 4096 characters, n 8, 16 samples) is
+  refused before it is tokenized or queued, naming the limit: 413 for the body (also a gzip body
+  that inflates past it), 400 for the rest, on the native and the OpenAI routes; `/health`, asked at
+  the same time, answers."""
+  big_text = json.dumps({"text": "a" * (1 << 20)}).encode()
+  cases = [  # (path, body bytes, extra headers, status, words the error names)
+      ("/generate", big_text, {}, 413, "1048576 bytes"),
+      ("/generate", gzip.compress(json.dumps({"text": "a" * (8 << 20)}).encode()),
+       {"Content-Encoding": "gzip"}, 413, "1048576 bytes"),
+      ("/generate", json.dumps({"text": "a" * 4097}).encode(), {}, 400, "4096"),
+      ("/generate", json.dumps({"text": ["a", "b" * 4097]}).encode(), {}, 400, "4096"),
+      ("/generate", json.dumps({"input_ids": [5], "sampling_params": {"n": 9}}).encode(), {}, 400,
+       "(8)"),
+      ("/generate", json.dumps({"input_ids": [[5]] * 3, "sampling_params": {"n": 8}}).encode(), {},
+       400, "(16)"),
+      ("/v1/completions", json.dumps({"prompt": "a" * 4097, "max_tokens": 1}).encode(), {}, 400,
+       "4096"),
+      ("/v1/completions", json.dumps({"prompt": "ab", "n": 9, "max_tokens": 1}).encode(), {}, 400,
+       "(8)"),
+  ]
+
+  async def go():
+    async with aiohttp.ClientSession() as s:
+      async def one(path, body, headers):
+        async with s.post(url + path, data=body,
+                          headers={"Content-Type": "application/json", **headers}) as r:
+          return r.status, await r.text()
+
+      async def health():
+        async with s.get(url + "/health") as r:
+          return r.status
+
+      return await asyncio.gather(health(), *(one(p, b, h) for p, b, h, _, _ in cases))
+
+  health, *answers = asyncio.run(go())
+  assert health == 200
+  for (path, _, headers, status, words), (got, text) in zip(cases, answers):
+    assert got == status, (path, headers, got, text)
+    assert words in _message(text), (path, headers, got, text)
+
+
+def test_bad_stream_options_are_refused_before_the_stream_starts(url):
+  """Found by the fuzz: `stream_options: 1e308` with `stream: true` failed after the stream's 200
+  was sent, and aiohttp wrote a raw 500 into the body (the client saw a broken chunked stream or
+  hung). It is refused with a 400 before the stream starts; a valid one still streams its usage."""
+  chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}
+  completion = {"prompt": "hi", "max_tokens": 2, "stream": True}
+
+  async def go():
+    async with aiohttp.ClientSession() as s:
+      async def one(path, body):
+        async with s.post(url + path, json=body) as r:
+          return r.status, await r.text()
+
+      bad = [one(path, {**body, "stream_options": options})
+             for path, body in (("/v1/chat/completions", chat), ("/v1/completions", completion))
+             for options in (1e308, "x", [], {"include_usage": 1})]
+      return await asyncio.gather(one("/v1/chat/completions", {**chat, "stream_options": {
+          "include_usage": True}}), *bad)
+
+  (status, text), *refused = asyncio.run(go())
+  assert status == 200 and '"usage"' in text and text.rstrip().endswith("data: [DONE]")
+  for status, text in refused:
+    assert status == 400, text
+    message = _message(text)
+    assert "stream_options" in message or "include_usage" in message, message
+
+
+# Last: it stops the module server's engine.
 def test_killed_engine_answers_503_and_the_process_stays_up(url):
   """Last: it kills the module server's engine."""
   async def go():

@@ -6,8 +6,6 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -16,6 +14,7 @@ import aiohttp
 import pytest
 
 from flashrl_jax.testing import tiny_config, write_tiny_checkpoint
+from tests.server_process import server_process
 
 LONG = 400  # tokens: long enough (~0.5 s) that pausing or aborting lands mid-generation
 
@@ -41,28 +40,10 @@ def ckpts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def url(ckpts):
-  cmd = [sys.executable, "-m", "flashrl_jax.rollout.server", f"--model_path={ckpts['a']}",
-         "--port=0", "--max_running_requests=4", "--max_prefill_batch=2"]
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=env, cwd=os.path.dirname(os.path.dirname(__file__)))
-  lines = []
-  try:
-    for line in proc.stdout:
-      lines.append(line)
-      if line.startswith("flashrl_jax rollout server ready on "):
-        break
-    else:
-      raise RuntimeError("server exited:\n" + "".join(lines))
-    address = line.split(" on ")[1].strip()
+  with server_process(f"--model_path={ckpts['a']}", "--port=0", "--max_running_requests=4",
+                      "--max_prefill_batch=2") as address:
     assert address.startswith("http://127.0.0.1:")  # loopback unless told otherwise
     yield address
-  finally:
-    proc.terminate()
-    try:
-      proc.wait(30)
-    except subprocess.TimeoutExpired:
-      proc.kill()
 
 
 def call(url, path, body=None, method=None):

@@ -33,7 +33,7 @@ from flashrl_jax.rollout._chat import ChatTemplate, TemplateError, parse_tool_ca
 from flashrl_jax.rollout._request import LogprobOptions, Output
 from flashrl_jax.rollout._sampling import MAX_TOP_LOGPROBS, Sampling
 from flashrl_jax.rollout._server import (_ARGS, _ENGINE, _LIMITS, _body, _decoder, _failure,
-                                         _json, engine_outputs, served_model_name)
+                                         _json, engine_outputs, served_model_name, start_stream)
 from flashrl_jax.rollout._wire import (BadRequest, GenerateItem, GenerateJob, Limits, check_samples,
                                        check_sampling, encode_text, output_json, output_text)
 
@@ -57,6 +57,12 @@ def _get(body: dict, key: str, check: Callable[[Any], bool], what: str, default:
 
 _INT = lambda v: isinstance(v, int) and not isinstance(v, bool)
 _BOOL = lambda v: isinstance(v, bool)
+
+
+def _include_usage(body: dict) -> bool:
+  """`stream_options.include_usage`; checked while parsing, before a stream starts."""
+  options = _get(body, "stream_options", lambda v: isinstance(v, dict), "an object", {})
+  return _get(options, "include_usage", _BOOL, "a boolean", False)
 
 
 def _refuse(body: dict) -> None:
@@ -176,13 +182,6 @@ async def _collect(engine, items) -> list[Output] | web.Response:
   return _failure(engine, outs) or outs
 
 
-async def _sse(request: web.Request) -> web.StreamResponse:
-  response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                         "Cache-Control": "no-cache"})
-  await response.prepare(request)
-  return response
-
-
 async def _send(response: web.StreamResponse, obj: Any) -> None:
   await response.write(f"data: {json.dumps(obj, allow_nan=False)}\n\n".encode())
 
@@ -236,6 +235,7 @@ def _parse_completion(app: web.Application, body: dict) -> tuple:
   top_n = _get(body, "logprobs", lambda v: _INT(v) and 0 <= v <= MAX_TOP_LOGPROBS,
                f"an integer in [0, {MAX_TOP_LOGPROBS}]")
   stream = _get(body, "stream", _BOOL, "a boolean", False)
+  _include_usage(body)
   sampling = _sampling(body, _get(body, "max_tokens", _INT, "an integer", 16))
   return n, top_n, stream, _items(engine, prompts, sampling, n, top_n or 0, limits)
 
@@ -285,7 +285,7 @@ async def _stream_completions(request, engine, items, n, head, choice, body, dec
       first = await outputs.__anext__()
     except BadRequest as e:
       return _error(str(e), e.status)
-    response = await _sse(request)
+    response = await start_stream(request)
 
     async def every():
       yield first
@@ -305,7 +305,7 @@ async def _stream_completions(request, engine, items, n, head, choice, body, dec
           await _send(response, {**head, "choices": [choice(i, out, delta, new)]})
         if out.finish is not None:
           final[i] = out
-    if (body.get("stream_options") or {}).get("include_usage"):
+    if _include_usage(body):
       outs = [final[i] for i in range(len(items))]
       await _send(response, {**head, "choices": [], "usage": _usage(outs, items, n)})
     await response.write(b"data: [DONE]\n\n")
@@ -378,6 +378,7 @@ def _parse_chat(app: web.Application, body: dict) -> tuple:
   top_n = _get(body, "top_logprobs", lambda v: _INT(v) and 0 <= v <= MAX_TOP_LOGPROBS,
                f"an integer in [0, {MAX_TOP_LOGPROBS}]", 0)
   stream = _get(body, "stream", _BOOL, "a boolean", False)
+  _include_usage(body)
   max_tokens = _get(body, "max_completion_tokens", _INT, "an integer")
   if max_tokens is None:
     max_tokens = _get(body, "max_tokens", _INT, "an integer")
@@ -432,7 +433,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
       first = await outputs.__anext__()
     except BadRequest as e:
       return _error(str(e), e.status)
-    response = await _sse(request)
+    response = await start_stream(request)
     for i in range(len(items)):
       await _send(response, {**head, "choices": [{"index": i, "delta": {
           "role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
@@ -472,7 +473,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                         if k != "token_ids"})
         if delta_text or chunk["token_ids"] or out.finish is not None:
           await _send(response, {**head, "choices": [chunk]})
-    if (body.get("stream_options") or {}).get("include_usage"):
+    if _include_usage(body):
       outs = [final[i] for i in range(len(items))]
       await _send(response, {**head, "choices": [], "usage": _usage(outs, items, n)})
     await response.write(b"data: [DONE]\n\n")

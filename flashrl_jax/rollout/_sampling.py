@@ -156,7 +156,10 @@ def _coerce(key: str, value: Any) -> Any:
       raise ValueError(f"sampling param {key} must be finite, got {v!r}.")
     if kind is int and v != int(v):
       raise ValueError(f"sampling param {key} must be an integer, got {v!r}.")
-    return kind(v)
+    try:
+      return kind(v)
+    except OverflowError:  # JSON allows an integer like 10**400, which no float holds
+      raise ValueError(f"sampling param {key} is out of range, got {v!r:.100}.") from None
 
   if key in ("max_new_tokens", "top_k", "min_new_tokens", "n", "sampling_seed"):
     return number(value, int)

@@ -50,20 +50,47 @@ def _error(message: str, status: int = 400) -> web.Response:
   return _json({"error": {"message": message}}, status=status)
 
 
+_STREAM = "flashrl_jax.stream"  # the request's event stream, once its 200 and headers are sent
+
+
+async def start_stream(request: web.Request) -> web.StreamResponse:
+  """An event stream with its headers sent; from here an error can only be an event (`_errors`)."""
+  response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                         "Cache-Control": "no-cache"})
+  await response.prepare(request)
+  request[_STREAM] = response
+  return response
+
+
 @web.middleware
 async def _errors(request: web.Request, handler) -> web.StreamResponse:
   """Refusals become their status; a stopped engine 503; anything else (a bug) a logged 500."""
   try:
     return await handler(request)
   except BadRequest as e:
-    return _error(str(e), e.status)
+    return await _failed(request, str(e), e.status)
   except EngineShutDown as e:
-    return _error(str(e), 503)
+    return await _failed(request, str(e), 503)
   except web.HTTPException:
     raise
   except Exception as e:  # noqa: BLE001
     log.exception("%s %s failed", request.method, request.path)
-    return _error(f"internal server error: {e!r:.300}", 500)
+    return await _failed(request, f"internal server error: {e!r:.300}", 500)
+
+
+async def _failed(request: web.Request, message: str, status: int) -> web.StreamResponse:
+  stream = request.get(_STREAM)
+  if stream is None:
+    return _error(message, status)
+  # The stream's 200 is already sent: it ends with the error as an event, as a sample that fails
+  # in the engine does (aiohttp would write a raw 500 into the stream's body instead).
+  try:
+    await stream.write(f"data: {_dumps({'error': {'message': message}})}\n\n".encode())
+    await stream.write(b"data: [DONE]\n\n")
+    await stream.write_eof()
+  except (ConnectionError, RuntimeError):  # the client is gone
+    pass
+  return stream
 
 
 async def _read(request: web.Request) -> bytes:
@@ -190,9 +217,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 async def _stream(request: web.Request, job: GenerateJob, updates: asyncio.Queue,
                   decode) -> web.StreamResponse:
-  response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                         "Cache-Control": "no-cache"})
-  await response.prepare(request)
+  response = await start_stream(request)
   finished: set[int] = set()
   while len(finished) < len(job.items):
     latest = {}
