@@ -23,8 +23,10 @@ worker threads on the trainer's), and measures:
   decoding, and a full rollout batch while the trainer trains (measured: each about 1.5-2x slower
   on this machine; see docs/simulator.md).
 
-A load probe (fixed pure-Python work on each core) is timed around every calibration and every
-predicted run, so calibration and run can be compared at the same machine speed.
+The CPU contention the servers met while the decode was timed, and the trainer while its step was
+(the kernel's per-thread time on a CPU and time waiting for one, `contention`), is recorded, so a
+run that meets another contention is predicted with the costs rescaled (sim_vs_measured.py). A load
+probe (fixed pure-Python work on each core) is timed around every calibration too.
 
   python -m experiments._calibration --config=experiments/configs/bench_rlvr.py --layout=async \\
       --out=calibration.json
@@ -74,6 +76,43 @@ def probe(reps: int = 5) -> dict[str, Any]:
     os.sched_setaffinity(0, cores)
   return {"probe_s": float(np.mean(list(per_core.values()))), "per_core": per_core,
           "loadavg": os.getloadavg()[0]}
+
+
+def cpu_times(pids) -> tuple[float, float]:
+  """Seconds on a CPU and seconds runnable but waiting for one, summed over every thread of
+  `pids` (the kernel's schedstat; processes that are gone count nothing)."""
+  run = wait = 0
+  for pid in pids:
+    try:
+      tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+      continue
+    for tid in tids:
+      try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+          fields = f.read().split()
+      except OSError:
+        continue
+      run, wait = run + int(fields[0]), wait + int(fields[1])
+  return run / 1e9, wait / 1e9
+
+
+def processes(root: int) -> tuple[list[int], list[int]]:
+  """([root], its descendants' pids): a run's (or a calibration's) own process and its servers."""
+  import psutil
+  try:
+    return [root], [c.pid for c in psutil.Process(root).children(recursive=True)]
+  except psutil.Error:
+    return [root], []
+
+
+def contention(before: tuple[float, float], after: tuple[float, float]) -> float:
+  """(time on a CPU + time waiting for one) / time on a CPU between two `cpu_times`: how much
+  longer the threads' CPU work took than on cores of their own (1 on an idle machine). A
+  CPU-bound thread's wall time is its CPU time times this factor (checked: 2.79 vs 2.81 at load 11),
+  so a cost measured at one factor is rescaled to another by their ratio."""
+  run, wait = after[0] - before[0], after[1] - before[1]
+  return (run + wait) / run if run > 1e-3 else 1.0
 
 
 def probe_pair(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -367,12 +406,20 @@ async def _measure(config: RunConfig, place: Layout, urls: list[str], trainer, r
     groups = await bench.lengths(eos)
     median_len = float(np.median([x for g in groups for x in g]))
     prompt_tokens = float(np.mean([len(tokenizer.encode(p.prompt)) for p in bench.prompts]))
+    # The CPU contention the servers met while their decode was timed, and the trainer while its
+    # step was: a run met at another factor is predicted with the costs rescaled by the ratio.
+    servers = processes(os.getpid())[1]
+    before = cpu_times(servers)
+    decode = await bench.decode(median_len)
+    decode["contention"] = contention(before, cpu_times(servers))
     rollout = {"workers": bench.workers, "slots": bench.slots, "length_groups": groups,
-               "prompt_tokens": prompt_tokens, **await bench.decode(median_len),
+               "prompt_tokens": prompt_tokens, **decode,
                "handoff": await bench.handoff(), "reward_s": await bench.reward()}
     batches = 6 + 2 * reps
     await bench.compile_train(groups, prompt_tokens)
+    before = cpu_times([os.getpid()])
     trainer_cal = {"alone": await bench.train(groups, prompt_tokens, batches, busy=False)}
+    trainer_cal["alone"]["contention"] = contention(before, cpu_times([os.getpid()]))
     interference = {"train_beside_rollout": 1.0, "rollout_beside_train": 1.0}
     if place.client_cpus is not None:  # async: trainer and client share this process
       beside = await bench.train(groups, prompt_tokens, batches, busy=True)

@@ -2,9 +2,11 @@
 hand-computed step), the calibration's fits, the layouts it measures, and the paper-scale entry."""
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -112,3 +114,24 @@ def test_simulate_entry_point_writes_tables_and_plots(tmp_path):
   assert {(r["gpus"], r["mode"]) for r in rows} == {(4, "sync"), (4, "async"), (8, "sync"),
                                                      (8, "async")}
   assert np.isfinite([r["speedup_vs_sync"] for r in rows]).all()
+
+
+def test_cpu_times_follow_a_process_tree():
+  # A child found under its parent, its CPU time read from the kernel and growing with its work;
+  # a process that is gone counts nothing (the run's servers stop before the last reading).
+  child = subprocess.Popen([sys.executable, "-c", "while True: sum(i * i for i in range(10**5))"])
+  try:
+    own, descendants = _calibration.processes(os.getpid())
+    assert own == [os.getpid()] and child.pid in descendants
+    first = _calibration.cpu_times([child.pid])
+    deadline = time.monotonic() + 60
+    while _calibration.cpu_times([child.pid])[0] <= first[0] and time.monotonic() < deadline:
+      time.sleep(0.05)
+    later = _calibration.cpu_times([child.pid])
+    assert later[0] > first[0] and later[1] >= first[1]
+    assert _calibration.contention(first, later) >= 1.0
+  finally:
+    child.kill()
+    child.wait()
+  assert _calibration.cpu_times([child.pid]) == (0.0, 0.0)
+  assert _calibration.contention((1.0, 1.0), (1.0, 5.0)) == 1.0  # no CPU time: nothing to scale

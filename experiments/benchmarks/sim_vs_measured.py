@@ -8,10 +8,11 @@ run's own server layout, per-request cost, handoff, the initial policy's respons
 step and export by trained tokens), once for the sync core layout and once for the async split.
 Then it runs each mode for real (`python -m experiments.train`, real servers and trainer), and
 predicts its samples/s from the calibration alone: nothing measured in a run goes into its
-prediction. Both sides are timed on the same machine minutes apart, so a load probe (fixed work on
-each core, before and after each run and around each calibration) rescales the calibrated costs
-to the machine's speed at the run: costs measured on the rollout cores by those cores' probe ratio
-probe(run) / probe(calibration), the trainer's by its cores'. Every row prints the prediction with
+prediction. Both sides are timed on a shared machine minutes apart, so the calibrated costs are
+rescaled to the CPU contention the run met: the kernel's per-thread time on a CPU and time waiting
+for one give, for the servers and for the trainer's process, (run + wait) / run over the run's timed
+steps and over the calibration's decode and train measurements; the rollout costs are multiplied by
+the servers' ratio of the two, the trainer's by its process's. Every row prints the prediction with
 and without that rescaling, the measurement
 (samples/s over the steps after `--warmup_steps`, as `async_vs_sync` measures it) and the error.
 
@@ -56,7 +57,7 @@ def sim_config(calibration: dict, mode: str, alpha: int, batch_size: int, group_
                pause_mode, steps: int, warmup: int, rollout_slowdown: float = 1.0,
                train_slowdown: float = 1.0) -> sim.SimConfig:
   """The simulated run, from a calibration (and the run's policy knobs) only. The slowdowns
-  rescale the costs measured on the rollout cores and on the trainer's cores (load probes)."""
+  rescale the costs measured on the servers and on the trainer (CPU contention ratios)."""
   ro, tr = calibration["rollout"], calibration["trainer"]["alone"]
   r, t = rollout_slowdown, train_slowdown
   handoff = {k: v * r for k, v in ro["handoff"]["idle" if mode == "sync" else "busy"].items()}
@@ -91,19 +92,49 @@ def measured(workdir: str, warmup: int) -> dict:
                                                         for r in records]), 1e-9))}
 
 
-def run(config_path: str, workdir: str, mode: str, alpha: int, steps: int) -> dict:
+def _lines(path: str) -> int:
+  try:
+    with open(path, "rb") as f:
+      return f.read().count(b"\n")
+  except OSError:
+    return 0
+
+
+def run(config_path: str, workdir: str, mode: str, alpha: int, steps: int, warmup: int) -> dict:
+  """Runs one mode for real. While it runs, the CPU times of its processes are read at every step
+  record: the contention its servers and its trainer process met over the timed steps (after
+  `warmup`) rescales the calibrated costs."""
   flags_ = ["--mode=sync"] if mode == "sync" else ["--mode=async", f"--async_ratio={alpha}"]
   cmd = [sys.executable, "-m", "experiments.train", f"--config={config_path}",
          f"--workdir={workdir}", f"--steps={steps}", "--progress=false", "--plot=false",
          "--eval_every=0", *flags_]
+  os.makedirs(workdir, exist_ok=True)
+  metrics = os.path.join(workdir, "metrics.jsonl")
   before = _calibration.probe()
   start = time.perf_counter()
-  proc = subprocess.run(cmd, capture_output=True, text=True)
+  with open(os.path.join(workdir, "train.log"), "w") as log:
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    snapshots: dict[int, tuple] = {}  # step records written -> (trainer, servers) CPU times
+    seen = 0
+    while proc.poll() is None:
+      count = _lines(metrics)
+      if count != seen and count >= warmup:
+        own, servers = _calibration.processes(proc.pid)
+        snapshots[count] = (_calibration.cpu_times(own), _calibration.cpu_times(servers))
+      seen = count
+      time.sleep(0.05)
   wall = time.perf_counter() - start
   after = _calibration.probe()
   if proc.returncode:
-    raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-  return {**_calibration.probe_pair(before, after), "wall_s": wall}
+    with open(os.path.join(workdir, "train.log")) as f:
+      raise RuntimeError(f"{' '.join(cmd)} failed:\n{f.read()[-3000:]}")
+  if len(snapshots) < 2:
+    raise RuntimeError(f"too few CPU time readings over the timed steps: {sorted(snapshots)}")
+  # From the first record at or after the warm-up to the last one read (the servers stop soon after).
+  first, last = snapshots[min(snapshots)], snapshots[max(snapshots)]
+  return {**_calibration.probe_pair(before, after), "wall_s": wall,
+          "contention": {"trainer": _calibration.contention(first[0], last[0]),
+                         "rollout": _calibration.contention(first[1], last[1])}}
 
 
 def ensure_model(config_path: str) -> None:
@@ -154,12 +185,11 @@ def main(argv):
       workdir = os.path.join(out, f"{regime}_{'sync' if mode == 'sync' else f'async_a{alpha}'}")
       config = _calibration.load_config(path, mode="sync" if mode == "sync" else "async",
                                         async_ratio=alpha)
-      info = run(path, workdir, "sync" if mode == "sync" else "async", alpha, steps)
+      info = run(path, workdir, "sync" if mode == "sync" else "async", alpha, steps, warmup)
       cal = calibrations["sync" if mode == "sync" else "async"]
-      place = cal["placement"]
-      rollout_cores = sorted({c for cpus in place["server_cpus"] for c in cpus})
-      slow_r = _calibration.slowdown(cal, info, rollout_cores)
-      slow_t = _calibration.slowdown(cal, info, place["train_cpus"])
+      # The run's CPU contention over its timed steps against the calibration's, per side.
+      slow_r = info["contention"]["rollout"] / cal["rollout"]["contention"]
+      slow_t = info["contention"]["trainer"] / cal["trainer"]["alone"]["contention"]
       knobs = ("sync" if mode == "sync" else "async", alpha, config.batch_size, config.group_size,
                config.rollout.pause_mode, steps, warmup)
 
@@ -181,8 +211,8 @@ def main(argv):
       rows.append(row)
       print(f"{regime:>9} {name:<10} measured {row['measured']:7.2f} samples/s | predicted "
             f"{row['predicted']:7.2f} (error {row['error']:5.1%}); without load rescaling "
-            f"{raw:7.2f} ({row['error_raw']:5.1%}) | cores slower x{slow_r:.2f} (rollout) "
-            f"x{slow_t:.2f} (trainer) than at calibration, load "
+            f"{raw:7.2f} ({row['error_raw']:5.1%}) | CPU contention x{slow_r:.2f} (servers) "
+            f"x{slow_t:.2f} (trainer process) of the calibration's, load "
             f"{info['loadavg'][0]:.1f}-{info['loadavg'][1]:.1f} | per step, predicted/measured: "
             f"train {row['train_s'][0]:.3f}/{row['train_s'][1]:.3f}s, wait for data "
             f"{row['wait_s'][0]:.3f}/{row['wait_s'][1]:.3f}s", flush=True)
