@@ -72,10 +72,14 @@ def _launch(args: list[str], failpoints: str, log_path: str, jax_cache: str,
 
 
 def _command(workdir: str, model: str, *extra: str) -> list[str]:
+  # A 26-token context (the servers' too): few shapes to compile (the servers warm up every one),
+  # the same train step for both tests (one compilation), and a context the α = 0 run's stub
+  # servers refuse the longer prompts for (prompt + 12 new tokens > 26; ours shorten the answer).
   return [f"--model_path={model}", f"--workdir={workdir}", "--mode=async",
           f"--steps={STEPS}", "--batch_size=2", f"--group_size={GROUP}", "--max_new_tokens=12",
           "--max_running_requests=4", "--checkpoint_every=1", "--eval_every=0", "--noplot",
-          "--noprogress", *extra]
+          "--noprogress", "--set=train.batch.row_length=26",
+          "--set=train.batch.max_response_length=12", *extra]
 
 
 def _final_source(workdir: str, step: int = STEPS) -> dict:
@@ -162,8 +166,7 @@ def test_alpha_zero_async_run_finishes_fresh_and_accounts_for_rejected_prompts(t
   step's record and counted in the final summary, the run does not stall (α = 0 must dispatch a
   replacement), and every other prompt is trained or pending."""
   workdir, log_path = str(tmp_path / "run"), str(tmp_path / "train.log")
-  args = _command(workdir, model, "--async_ratio=0", "--rollout=stub", "--num_rollout_servers=2",
-                  "--set=train.batch.row_length=26", "--set=train.batch.max_response_length=12")
+  args = _command(workdir, model, "--async_ratio=0", "--rollout=stub", "--num_rollout_servers=2")
   args = [a.replace(f"--steps={STEPS}", "--steps=3") for a in args]
   rc = _launch(args, "", log_path, jax_cache, timeout_s=600)
   log = open(log_path, errors="replace").read()
