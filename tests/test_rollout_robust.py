@@ -503,8 +503,9 @@ def test_killed_engine_answers_503_and_the_process_stays_up(url):
         assert r.status == 200 and (await r.json())["engine_alive"] is False
       async with s.post(url + "/generate", json=VALID) as r:
         assert r.status == 503 and "shut down" in (await r.json())["error"]["message"]
-      async with s.get(url + "/health_generate") as r:
-        assert r.status == 503
+      for path in ("/health", "/health_generate"):  # what the supervisor probes to restart it
+        async with s.get(url + path) as r:
+          assert r.status == 503, path
       async with s.post(url + "/update_weights_from_disk", json={"model_path": "/x"}) as r:
         assert r.status == 503 and (await r.json())["success"] is False
       async with s.get(url + "/v1/loads") as r:
