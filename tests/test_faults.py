@@ -1,6 +1,7 @@
 """The supervisor against real stub processes: a SIGKILLed and a hung server are restarted and
 rejoin on the current policy version without losing a request; a weight publish goes on when a
-server is dead; a killed controller's orphaned servers are reaped by the next run."""
+server is dead; a killed controller's orphaned servers are reaped by the next run. One test uses
+our JAX server: its engine thread stopped, it is restarted and rejoins on a real export."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import urllib.request
 import pytest
 
 from flashrl_jax.fleet import (
-    PauseMode, RolloutClient, SamplingParams, Supervisor, SupervisorConfig, VersionRefused,
-    reap_orphans, record_pids)
+    LocalServers, PauseMode, RolloutClient, SamplingParams, Supervisor, SupervisorConfig,
+    VersionRefused, reap_orphans, record_pids)
+from flashrl_jax.testing import tiny_config, tiny_model, write_tiny_checkpoint
+from flashrl_jax.trainer import export_version
 from tests.rollout_stubs import VOCAB, configure, expected, start_stubs
 
 FAST = SupervisorConfig(poll_s=0.05, hang_failures=2, unhealthy_grace_s=5.0, rejoin_poll_s=0.1)
@@ -124,6 +127,42 @@ def test_server_with_a_dead_engine_is_restarted(tmp_path):
           return sup.restarts
 
     assert asyncio.run(main()) == 1
+
+
+def test_our_server_whose_engine_died_is_restarted_on_the_served_version(tmp_path):
+  """The same with our JAX server: its engine thread stopped (`/debug/kill_engine`), the process
+  answers 503 on /health; the client's probes take it out, the supervisor restarts the process and
+  it rejoins on the served version (a real export), where it generates again."""
+  config = tiny_config(max_position_embeddings=256)
+  write_tiny_checkpoint(str(tmp_path / "model"), config, seed=0)
+  export_version(tiny_model(config, seed=1), 4, str(tmp_path / "versions"), config=config)
+  served = str(tmp_path / "versions" / "weight_v000004")
+  servers = LocalServers.start(str(tmp_path / "model"), 1, extra_args=(
+      "--max_running_requests=2", "--context_length=64", "--weight_version=0", "--nowarmup",
+      "--enable_fault_injection"), env=dict(os.environ, JAX_PLATFORMS="cpu"),
+      log_dir=str(tmp_path / "logs"))
+  try:
+    url, pid = servers.urls[0], servers.pid(0)
+
+    async def main():
+      async with _client(servers.urls, vocab_size=config.vocab_size,
+                         request_timeout_s=120) as client:
+        sup = Supervisor(client, servers=servers, served=(served, 4), config=FAST)
+        async with sup:
+          req = urllib.request.Request(url + "/debug/kill_engine", data=b"{}", method="POST")
+          with urllib.request.urlopen(req, timeout=30) as r:
+            assert json.load(r)["engine_alive"] is False
+          await _until(lambda: sup.restarts >= 1 and not sup.recovering and url in client.urls,
+                       timeout_s=300)
+          result = await client.generate([5, 6, 7], SamplingParams(max_new_tokens=4))
+          return sup.restarts, result
+
+    restarts, result = asyncio.run(main())
+    assert restarts == 1 and servers.pid(0) not in (None, pid)
+    assert _version(url) == "4" and set(result.token_versions) == {"4"}
+    assert len(result.output_ids) == 4
+  finally:
+    servers.stop()
 
 
 def test_publish_goes_on_when_a_server_is_dead(tmp_path):
