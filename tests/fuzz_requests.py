@@ -4,9 +4,9 @@ Most cases are a valid request with one to three mutations (a field set to a hos
 or given a hostile type), or a raw body no JSON encoder would produce (NaN, 1e400, 5,000-digit
 integers, nesting thousands deep, invalid UTF-8, lone surrogates, a bad Content-Encoding), spread
 over the server's routes (the native ones and the OpenAI-compatible ones); some are valid requests
-with every option at an extreme (`extreme#`), which must be served (200). It never produces a request that legitimately stops other work (a valid
-pause, `abort_all`, a weight update from a good directory), so a valid request interleaved with the
-cases must get the same answer throughout.
+with every option at an extreme (`extreme#`), which must be served (200). It never produces a
+request that legitimately stops other work (a valid pause, `abort_all`, a weight update from a good
+directory), so a valid request interleaved with the cases must get the same answer throughout.
 """
 
 from __future__ import annotations

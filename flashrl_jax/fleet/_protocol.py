@@ -331,9 +331,9 @@ def parse_server_info(obj: Any) -> Mapping[str, Any]:
   return obj
 
 
-# What a server whose engine has stopped answers, whatever the status (ours answered HTTP 400 with it
-# before it answered 503): the server failed, the request did not. Matched against the whole error
-# message, never a substring, so a prompt echoed inside a 400 cannot pass for it.
+# What a server whose engine has stopped answers, whatever the status (ours answered HTTP 400 with
+# it before it answered 503): the server failed, the request did not. Matched against the whole
+# error message, never a substring, so a prompt echoed inside a 400 cannot pass for it.
 _ENGINE_DOWN = re.compile(r"(the )?(engine|server) (is|has) (shut down|shutting down|stopped)\.?",
                           re.IGNORECASE)
 
