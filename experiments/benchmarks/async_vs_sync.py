@@ -15,12 +15,15 @@ measured during its run: other jobs share the machine.
 
 Throughput is over the steps after `--warmup_steps` (start-up and compilation excluded): trained
 samples/s and trained response tokens/s (they differ when async trains a different length mix).
-The profile columns say where each step's time went: waiting for data, training, export, and the
-handoff (pause + load + resume). With `--repeats > 1`, a mode's speedup is the median of its
-per-repeat ratios to the sync run of the same repeat.
+The profile columns say where each step's time went: waiting for data (`due`: the part of it spent
+with a full batch buffered, waiting for an in-flight group that must be trained by this step or the
+next ones to stay within α), training, export, and the handoff (pause + load + resume; in async
+mode it runs behind the next training step, and `hwait` is what the trainer waited for the
+previous one). With `--repeats > 1`, a mode's speedup is the median of its per-repeat ratios to
+the sync run of the same repeat.
 
   python -m experiments.benchmarks.async_vs_sync [--repeats=1] [--regimes=longtail,balanced]
-      [--async_ratios=1,2,4] [--async_splits=1+1]
+      [--async_ratios=1,2,4] [--async_splits=2+1]
 
 Last lines (paper regime, α = 2 the headline): `sync_rollout_share`, `longest_over_median`,
 `async_speedup_vs_sync_tokens`, `async_speedup_vs_sync`.
@@ -42,7 +45,7 @@ import time
 from absl import app, flags
 
 _REGIMES = {  # name -> (config module, steps, warm-up steps)
-    "longtail": ("bench_rlvr_longtail", 40, 8),
+    "longtail": ("bench_rlvr_longtail", 100, 10),
     "balanced": ("bench_rlvr", 24, 6),
 }
 HEADLINE_REGIME, HEADLINE_RATIO = "longtail", 2
@@ -50,8 +53,9 @@ HEADLINE_REGIME, HEADLINE_RATIO = "longtail", 2
 _REGIME_FLAG = flags.DEFINE_list("regimes", list(_REGIMES), f"Regimes to run, of {list(_REGIMES)}.")
 _REPEATS = flags.DEFINE_integer("repeats", 1, "Interleaved repeats of every run (noise).")
 _RATIOS = flags.DEFINE_list("async_ratios", ["1", "2", "4"], "α values to measure.")
-_SPLITS = flags.DEFINE_list("async_splits", ["1+1"],
-                            "rollout+trainer cores for async (2+1 time-shares one core).")
+_SPLITS = flags.DEFINE_list("async_splits", ["2+1"],
+                            "rollout+trainer cores for async (2+1: a server on each core, the "
+                            "trainer time-sharing one; the first split is the headline's).")
 _STEPS = flags.DEFINE_integer("steps", None, "Steps per run (default: the regime's).")
 _WARMUP = flags.DEFINE_integer("warmup_steps", None, "Steps excluded from throughput (default: "
                                "the regime's).")
@@ -62,7 +66,7 @@ _OUT = flags.DEFINE_string("out", None, "Directory for the runs (default: a temp
 @dataclasses.dataclass
 class RunResult:
   regime: str
-  mode: str  # "sync" or "async α=2 1+1"
+  mode: str  # "sync" or "async α=2 2+1"
   repeat: int
   samples_per_s: float
   tokens_per_s: float
@@ -118,9 +122,11 @@ def summarize(records: list[dict], warmup: int) -> dict:
       "longest_over_median": statistics.fmean(
           r["response_length_max"] / max(r.get("response_length_median", 0.0), 1.0) for r in timed),
       "rollout_share": rollout / seconds,
-      "wait_data_s": mean("time/wait_data_s"), "train_s": mean("time/train_s"),
+      "wait_data_s": mean("time/wait_data_s"), "wait_due_s": mean("time/wait_due_group_s"),
+      "train_s": mean("time/train_s"),
       "export_s": mean("time/export_s"),
       "handoff_s": mean("time/pause_s") + mean("time/load_s") + mean("time/resume_s"),
+      "handoff_wait_s": mean("time/handoff_wait_s"),
       "dropped_stale_groups": sum(r.get("dropped_stale", 0) for r in timed),
       "staleness_max": max(stale) if stale else 0,
       "reward_mean": mean("reward_mean"),
@@ -172,8 +178,9 @@ def _ratio(results: list[RunResult], regime: str, mode: str, attr: str) -> float
 
 def print_tables(results: list[RunResult]) -> None:
   print(f"\n{'regime':<9} {'mode':<16} {'rep':>3} {'load':>5} {'samples/s':>9} {'x sync':>6} "
-        f"{'tok/s':>7} {'x sync':>6} {'len':>5} {'step s':>6} {'wait':>6} {'train':>6} "
-        f"{'export':>6} {'handoff':>7} {'drop':>4} {'stale':>5} {'acc0':>5} {'acc':>5}")
+        f"{'tok/s':>7} {'x sync':>6} {'len':>5} {'step s':>6} {'wait':>6} {'due':>6} "
+        f"{'train':>6} {'export':>6} {'handoff':>7} {'hwait':>6} {'drop':>4} {'stale':>5} "
+        f"{'acc0':>5} {'acc':>5}")
   for r in results:
     i = r.info
     sync = next(s for s in results if s.regime == r.regime and s.mode == "sync"
@@ -182,8 +189,10 @@ def print_tables(results: list[RunResult]) -> None:
     print(f"{r.regime:<9} {r.mode:<16} {r.repeat:>3} {r.load:>5.1f} {r.samples_per_s:>9.1f} "
           f"{r.samples_per_s / sync.samples_per_s:>6.2f} {r.tokens_per_s:>7.0f} "
           f"{r.tokens_per_s / sync.tokens_per_s:>6.2f} {i['mean_response_length']:>5.1f} "
-          f"{i['step_s']:>6.3f} {i['wait_data_s']:>6.3f} {i['train_s']:>6.3f} "
-          f"{i['export_s']:>6.3f} {i['handoff_s']:>7.3f} {i['dropped_stale_groups']:>4d} "
+          f"{i['step_s']:>6.3f} {i['wait_data_s']:>6.3f} {i['wait_due_s']:>6.3f} "
+          f"{i['train_s']:>6.3f} "
+          f"{i['export_s']:>6.3f} {i['handoff_s']:>7.3f} {i['handoff_wait_s']:>6.3f} "
+          f"{i['dropped_stale_groups']:>4d} "
           f"{i['staleness_max']:>5d} {acc(i['eval_initial'])} {acc(i['eval_final'])}")
   print("\nsync runs (regime numbers):")
   for r in results:

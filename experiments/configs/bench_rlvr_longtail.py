@@ -15,19 +15,22 @@ Why this shape:
 - Training cost grows with the tokens of the batch; sync rollout time with the *longest* response.
   One tail decode step costs about as much as training 10-15 tokens, so the step is rollout-bound
   only when the longest response is several times longer than a batch's tokens divided by ~10:
-  few samples per step (B = 4 prompts x n = 4 responses) and a heavy tail (lognormal, median 8,
-  log-std 2.0, clipped at 360: the longest of 16 draws is ~30x their median).
+  a heavy tail (lognormal, median 8, log-std 2.0, clipped at 360) and 32 samples per step from
+  16 prompts x 2 responses. A step's longest response is the longest of its *prompts'* lengths
+  (responses to one prompt have about the same length), so the prompts per step set the regime:
+  with 4 prompts x 4 responses the sync step's longest was 11-13x its median (measured), with
+  16 x 2 it is 21-29x.
 - The policy is warm-started on that distribution (as the balanced bench's is on its own), so the
   lengths are the policy's own: real generation, real training on every sample, an exact-match
   reward it can learn (short and medium answers are often right; long ones rarely are).
 - One rollout server per rollout core (`num_servers=0`): sync runs two (one per core), async on a
-  1 + 1 split runs one. Two servers sharing a core would give async the same tokens/s but double
-  the time a long response spends generating, which at α = 2 decides whether it meets its deadline.
-- 8 decode slots per server: a sync batch puts all its 8 requests per server in flight at once, and
-  a step of 8 costs ~1.5x a step of 1 (one of 16 ~2x), so async's longest responses generate
-  nearly as fast as the last response of a sync batch does; the trainer then rarely waits for a
-  response that is due (α = 2 gives it about two async steps).
-- RL on 16 samples per step is noisy: per-sequence loss averaging (`seq-mean-token-mean`, so the
+  2 + 1 split two, on a 1 + 1 split one. Two servers sharing a core would give the same tokens/s
+  but double the time a long response spends generating, which at α = 2 decides whether it meets
+  its deadline.
+- 16 decode slots per server: a sync batch puts all its 16 requests per server in flight at once
+  (with 8, half of them queued behind the first wave and the sync step took twice as long: that
+  would flatter async).
+- RL on few samples per step is noisy: per-sequence loss averaging (`seq-mean-token-mean`, so the
   many tokens of a long wrong answer do not outweigh short right ones) and a learning rate of 1e-4
   keep the policy's length distribution, and so the regime, stable over the run (with the demo's
   token-mean and 3e-4 it collapsed to empty answers within 30 steps).
@@ -59,8 +62,8 @@ def get_config():
   config = demo.get_config()
   train = config.train
   return dataclasses.replace(
-      config, model_path=LONGTAIL_MODEL_DIR, workdir="runs/bench_rlvr_longtail", batch_size=4,
-      group_size=4, steps=40, eval_every=0, precompile=True,
+      config, model_path=LONGTAIL_MODEL_DIR, workdir="runs/bench_rlvr_longtail", batch_size=16,
+      group_size=2, steps=100, eval_every=0, precompile=True,
       task=dataclasses.replace(config.task, synthetic=longtail_task()),
       train=train.replace(
           loss=dataclasses.replace(train.loss, aggregation=Aggregation.SEQ_MEAN_TOKEN_MEAN),
@@ -68,4 +71,4 @@ def get_config():
           batch=BatchConfig(row_length=384, rows=2, sequences_per_row=16,
                             max_response_length=MAX_ANSWER + 8)),
       rollout=dataclasses.replace(config.rollout, num_servers=0, pause_mode="in_place",
-                                  max_running_requests=8, max_new_tokens=MAX_ANSWER + 8))
+                                  max_running_requests=16, max_new_tokens=MAX_ANSWER + 8))

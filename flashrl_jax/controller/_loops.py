@@ -365,6 +365,7 @@ class Loop:
     try:
       for step in range(self.start_step, cfg.steps):
         step_start = time.perf_counter()
+        due_wait = 0.0  # waited with a batch buffered, for an in-flight group due before it
         async with cond:
           while True:
             if dispatch_task.done():
@@ -381,8 +382,11 @@ class Loop:
               takes += 1
               cond.notify_all()
               break
+            t0, due = time.perf_counter(), len(self.buffer) >= cfg.batch_size
             await cond.wait()
+            due_wait += time.perf_counter() - t0 if due else 0.0
         times = {"time/wait_data_s": time.perf_counter() - step_start,
+                 "time/wait_due_group_s": due_wait,
                  "in_flight_groups": len(self.in_flight), "buffered_groups": len(self.buffer)}
         await self._train_and_publish(groups, step, times, step_start, on_published=behind)
         if behind is None:
