@@ -50,7 +50,8 @@ def _error(message: str, status: int = 400) -> web.Response:
   return _json({"error": {"message": message}}, status=status)
 
 
-_STREAM = "flashrl_jax.stream"  # the request's event stream, once its 200 and headers are sent
+# The request's event stream, once its 200 and headers are sent.
+_STREAM = web.RequestKey("stream", web.StreamResponse)
 
 
 async def start_stream(request: web.Request) -> web.StreamResponse:
