@@ -45,7 +45,7 @@ class RunSpec:
 
   name: str
   overrides: dict[str, Any]
-  config: str = "experiments/configs/demo.py"
+  config: str = "experiments/configs/repeat.py"
 
   def command(self) -> str:
     """The equivalent `experiments.train` command line."""

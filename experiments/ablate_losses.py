@@ -1,8 +1,8 @@
 """Off-policy loss ablation (ROLL Flash Fig. 4): each loss × {sync, α=2, α=8}, same seeds, budgets.
 
 The paper's claim: with PPO, decoupled PPO, TIS, CISPO, TOPR and GRPO, async training at α = 2
-and α = 8 reaches the quality of synchronous training. This script runs that grid on the CPU demo
-task (a tiny warm-started Qwen3-layout policy on the long-tail "repeat" task, exact-match reward),
+and α = 8 reaches the quality of synchronous training. This script runs that grid on the CPU
+repeat task (`experiments/configs/repeat.py`: a tiny warm-started Qwen3-layout policy on the long-tail "repeat" task, exact-match reward),
 one subprocess per run, and writes per-run directories (metrics.jsonl, TensorBoard, PNGs), the
 figures `train_accuracy.png` (one panel per loss, 11-step moving average, shaded band) and
 `eval_accuracy.png` (the exact expected accuracy on 256 held-out prompts, every 5 steps), and the
@@ -13,7 +13,7 @@ Small scale (1 seed, 40 steps, 18 runs: about 20 min on 2 shared cores):
 Full scale (3 seeds, 200 steps; about 5 h here, minutes on a real machine):
   python -m experiments.ablate_losses --seeds=0,1,2 --steps=200 --out=runs/ablate_losses_full
 
-Every loss uses its usual hyper-parameters (`LOSS_PRESETS`), not the demo config's CISPO clip, so
+Every loss uses its usual hyper-parameters (`LOSS_PRESETS`), not the repeat config's CISPO clip, so
 each loss is the one its paper describes; everything else comes from `--config`.
 """
 
@@ -36,7 +36,7 @@ LOSS_PRESETS = {
 }
 
 _OUT = flags.DEFINE_string("out", "runs/ablate_losses", "Directory of the sweep.")
-_CONFIG = flags.DEFINE_string("config", "experiments/configs/demo.py", "Base RunConfig file.")
+_CONFIG = flags.DEFINE_string("config", "experiments/configs/repeat.py", "Base RunConfig file.")
 _LOSSES = flags.DEFINE_list("losses", list(LOSS_PRESETS), "Losses to compare.")
 _MODES = flags.DEFINE_list("modes", ["sync", "2", "8"], "'sync' and/or async ratios α.")
 _SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds (trainer and task), the same for every cell.")

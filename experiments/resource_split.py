@@ -1,7 +1,7 @@
 """Resource split (ROLL Flash Fig. 3a): for a fixed device budget, how many go to rollout and how
 many to training, and where the optimum lies.
 
-Two sweeps, both async α = 2 on the demo task, plus the sync baseline on the whole budget:
+Two sweeps, both async α = 2 on the repeat task, plus the sync baseline on the whole budget:
 
   split  every R + T = `--total_devices` with R, T >= 1 (R rollout cores running
          `--servers_per_device` servers each, T trainer cores). On CPU a device is a core.
@@ -27,7 +27,7 @@ from absl import app, flags
 from experiments import _runs, _summary, plots
 
 _OUT = flags.DEFINE_string("out", "runs/resource_split", "Directory of the sweep.")
-_CONFIG = flags.DEFINE_string("config", "experiments/configs/demo.py", "Base RunConfig file.")
+_CONFIG = flags.DEFINE_string("config", "experiments/configs/repeat.py", "Base RunConfig file.")
 _TOTAL = flags.DEFINE_integer("total_devices", None, "Device budget (default: this process's "
                               "cores).")
 _PER_DEVICE = flags.DEFINE_integer("servers_per_device", 2, "Rollout servers per rollout core.")

@@ -27,7 +27,7 @@ from experiments import _mechanisms as mech
 from experiments import _runs, _summary, plots
 
 _OUT = flags.DEFINE_string("out", "runs/rollout_mechanisms", "Output directory.")
-_MODEL = flags.DEFINE_string("model_path", ".cache/demo_model", "HF directory of the policy.")
+_MODEL = flags.DEFINE_string("model_path", ".cache/repeat_model", "HF directory of the policy.")
 _SERVERS = flags.DEFINE_integer("servers", 2, "Rollout servers (one core each when possible).")
 _SLOTS = flags.DEFINE_integer("slots", 8, "Decode slots per server.")
 _BATCHES = flags.DEFINE_list("batch_sizes", ["4", "8", "16"], "Prompt groups per round (B).")
@@ -54,12 +54,12 @@ class ServerHandle:
 
 
 async def measure(urls, cases, repeats: int) -> list[dict]:
-  from experiments.configs.demo import demo_task
+  from experiments.configs.repeat import repeat_task
   from flashrl_jax import envs
   from flashrl_jax.model import load_tokenizer
   from flashrl_jax.fleet import RolloutClient
   tokenizer = load_tokenizer(_MODEL.value)
-  prompts = [tokenizer.encode(s.prompt) for s in envs.generate_synthetic(demo_task(), 256, seed=7)]
+  prompts = [tokenizer.encode(s.prompt) for s in envs.generate_synthetic(repeat_task(), 256, seed=7)]
   clients = [RolloutClient([u], request_timeout_s=600) for u in urls]
   for c in clients:
     await c.start()

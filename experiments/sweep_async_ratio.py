@@ -1,6 +1,6 @@
 """Async-ratio sweep (ROLL Flash §5, Table 1, "α = 2 is enough"): α → throughput and final quality.
 
-Runs the demo task with the sync baseline and async α ∈ {0, 1, 2, 4, 8} at the same budget, and
+Runs the repeat task (`experiments/configs/repeat.py`) with the sync baseline and async α ∈ {0, 1, 2, 4, 8} at the same budget, and
 reports steady-state samples/s (after start-up and the batches pre-generated during compilation),
 the speedup over sync, final accuracy, staleness and dropped-stale samples, and where throughput
 saturates (the smallest α within 5% of the best). (The simulator is checked against real runs it
@@ -22,7 +22,7 @@ from absl import app, flags
 from experiments import _runs, _summary, plots
 
 _OUT = flags.DEFINE_string("out", "runs/sweep_async_ratio", "Directory of the sweep.")
-_CONFIG = flags.DEFINE_string("config", "experiments/configs/demo.py", "Base RunConfig file.")
+_CONFIG = flags.DEFINE_string("config", "experiments/configs/repeat.py", "Base RunConfig file.")
 _RATIOS = flags.DEFINE_list("ratios", ["0", "1", "2", "4", "8"], "Async ratios α.")
 _SYNC = flags.DEFINE_bool("sync", True, "Also run the sync baseline.")
 _SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds.")

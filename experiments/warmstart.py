@@ -140,18 +140,19 @@ def ensure_demo_model(out: str | None = None, progress: bool = True) -> str:
   config = demo.get_config()
   task = config.task.synthetic or task_source(config)
   return ensure_warmstart(out or demo.DEMO_MODEL_DIR, task,
-                          steps=getattr(demo, "DEMO_WARMSTART_STEPS", 160), progress=progress)
+                          steps=demo.DEMO_WARMSTART_STEPS, progress=progress)
 
 
 def ensure_project_model(model_path: str) -> bool:
   """Warm-starts (or finds cached) the project model at `model_path` if it is the demo's, a
   benchmark's or the code RLVR config's, each on its own task; False for any other path."""
-  from experiments.configs import bench_rlvr, bench_rlvr_longtail, code_rlvr, demo
+  from experiments.configs import bench_rlvr, bench_rlvr_longtail, code_rlvr, demo, repeat
   path = os.path.normpath(model_path)
   if path == os.path.normpath(demo.DEMO_MODEL_DIR):
     ensure_demo_model()
     return True
   benches = {  # model dir -> (task it is warm-started on, supervised steps)
+      repeat.REPEAT_MODEL_DIR: (repeat.repeat_task(), repeat.REPEAT_WARMSTART_STEPS),
       bench_rlvr.BENCH_MODEL_DIR: (bench_rlvr.bench_task(), bench_rlvr.BENCH_WARMSTART_STEPS),
       bench_rlvr_longtail.LONGTAIL_MODEL_DIR: (bench_rlvr_longtail.longtail_task(),
                                                bench_rlvr_longtail.LONGTAIL_WARMSTART_STEPS),

@@ -33,13 +33,13 @@ def test_synthetic_tasks_draw_the_same_problems_as_before_the_move():
   # Warm-start caches are keyed by these problems (experiments/warmstart.py `task_key`): the law's
   # move into `scheduling` must not change a single draw. Hashes recorded from the pre-move code.
   from experiments.configs.bench_rlvr import bench_task
-  from experiments.configs.demo import demo_task
+  from experiments.configs.repeat import repeat_task
   pareto = envs.SyntheticConfig(task=envs.SyntheticTask.COUNT, lengths=LengthDistribution(
       law=LengthLaw.PARETO, median=6, alpha=1.3, max_len=64))
   expected = ["03c302cdf3546c3398817e2a5d20d5a601a1ae5e3e8f6bf58a636e05168c8e92",
               "8227033470431a2c0048f04f96a8783dd063f675229e751c64607240a36d0aca",
               "f636f7b1a408d96d1644c042faca991a3dbfabf5474b27186ae1ede7ce4f54dc"]
-  for task, digest in zip((bench_task(), demo_task(), pareto), expected):
+  for task, digest in zip((bench_task(), repeat_task(), pareto), expected):
     problems = envs.generate_synthetic(task, num=256, seed=0)
     text = "\n".join(f"{p.prompt}|{p.answer}" for p in problems)
     assert hashlib.sha256(text.encode()).hexdigest() == digest

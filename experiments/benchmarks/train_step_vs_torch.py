@@ -5,8 +5,8 @@ measured side by side in one run:
 
   demo     the tiny Qwen3 the CPU demo actually trains (`experiments/warmstart.py`
            `demo_model_config`: hidden 64, 2 layers, 4/2 heads, head_dim 16, vocab 96, tied
-           embeddings) on the demo's micro-batch shape (`experiments/configs/demo.py`: 8 rows of 128
-           tokens, responses up to 64): 8 sequences of 64 prompt + 64 response tokens;
+           embeddings) on the repeat config's micro-batch shape (`experiments/configs/repeat.py`:
+           8 rows of 128 tokens, responses up to 64): 8 sequences of 64 prompt + 64 response tokens;
   compute  a compute-bound Qwen3 (hidden 256, 4 layers, 4/2 heads, head_dim 64, vocab 4096, untied)
            on 4 sequences of 32 prompt + 224 response tokens.
 
@@ -64,8 +64,8 @@ class BenchConfig:
 
 
 def demo_config() -> BenchConfig:
-  """The CPU demo's model and micro-batch shape, read from the demo's own definitions."""
-  from experiments.configs.demo import get_config
+  """The CPU demo's model and the repeat config's micro-batch shape, read from their definitions."""
+  from experiments.configs.repeat import get_config
   from experiments.warmstart import demo_model_config
   model = demo_model_config(vocab_size=96)  # the char tokenizer's vocabulary, as warmstart uses
   batch = get_config().train.batch

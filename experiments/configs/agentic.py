@@ -15,7 +15,7 @@ from flashrl_jax.controller import (AgenticConfig, Mode, ResourceConfig, Rollout
 from flashrl_jax.losses import LossConfig
 from flashrl_jax.trainer import BatchConfig, OptimizerConfig, TrainConfig
 
-from experiments.configs.demo import DEMO_MODEL_DIR
+from experiments.configs.repeat import REPEAT_MODEL_DIR
 
 
 def agentic_env(max_turns: int = 4) -> envs.EnvConfig:
@@ -28,7 +28,7 @@ def agentic_env(max_turns: int = 4) -> envs.EnvConfig:
 
 def get_config() -> RunConfig:
   return RunConfig(
-      model_path=DEMO_MODEL_DIR,
+      model_path=REPEAT_MODEL_DIR,
       workdir="runs/agentic",
       task=TaskConfig(env=agentic_env(), seed=1),
       train=TrainConfig(

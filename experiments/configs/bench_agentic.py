@@ -20,7 +20,7 @@ from flashrl_jax.losses import LossConfig
 from flashrl_jax.scheduling import LengthDistribution, LengthLaw
 from flashrl_jax.trainer import BatchConfig, OptimizerConfig, TrainConfig
 
-from experiments.configs.demo import DEMO_MODEL_DIR
+from experiments.configs.repeat import REPEAT_MODEL_DIR
 
 MAX_TURNS = 12
 
@@ -35,7 +35,7 @@ def bench_env() -> envs.EnvConfig:
 
 def get_config() -> RunConfig:
   return RunConfig(
-      model_path=DEMO_MODEL_DIR,
+      model_path=REPEAT_MODEL_DIR,
       workdir="runs/bench_agentic",
       task=TaskConfig(env=bench_env(), seed=3),
       train=TrainConfig(

@@ -11,7 +11,7 @@ re-prefill of in-flight requests).
 
 import dataclasses
 
-from experiments.configs import demo
+from experiments.configs import repeat
 from flashrl_jax import envs
 from flashrl_jax.trainer import BatchConfig
 
@@ -28,7 +28,7 @@ def bench_task() -> envs.SyntheticConfig:
 
 
 def get_config():
-  config = demo.get_config()
+  config = repeat.get_config()
   return dataclasses.replace(
       config, model_path=BENCH_MODEL_DIR, workdir="runs/bench_rlvr", batch_size=8, group_size=8,
       steps=24, eval_every=0,

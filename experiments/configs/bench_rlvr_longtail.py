@@ -41,7 +41,7 @@ Why this shape:
 
 import dataclasses
 
-from experiments.configs import demo
+from experiments.configs import repeat
 from flashrl_jax import envs
 from flashrl_jax.losses import Aggregation
 from flashrl_jax.trainer import BatchConfig
@@ -59,7 +59,7 @@ def longtail_task() -> envs.SyntheticConfig:
 
 
 def get_config():
-  config = demo.get_config()
+  config = repeat.get_config()
   train = config.train
   return dataclasses.replace(
       config, model_path=LONGTAIL_MODEL_DIR, workdir="runs/bench_rlvr_longtail", batch_size=16,
