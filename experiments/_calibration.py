@@ -432,10 +432,15 @@ async def _measure(config: RunConfig, place: Layout, urls: list[str], trainer, r
   return {"rollout": rollout, "trainer": trainer_cal, "interference": interference}
 
 
-def measure(config_path: str, layout_name: str, reps: int, log_dir: str) -> dict[str, Any]:
-  """Runs in its own process: places itself like `controller.run`, then measures."""
+def measure(config_path: str, layout_name: str, reps: int, log_dir: str,
+            split: tuple[int, int] | None = None) -> dict[str, Any]:
+  """Runs in its own process: places itself like `controller.run`, then measures. `split`: the
+  async layout's (rollout, trainer) cores (`--rollout_devices`, `--train_devices`)."""
   config = load_config(config_path, mode=layout_name,
                        async_ratio=0 if layout_name == "sync" else 1)
+  if split is not None:
+    config = config.replace(resources=dataclasses.replace(
+        config.resources, rollout_devices=split[0], train_devices=split[1]))
   cores = sorted(os.sched_getaffinity(0))
   place = layout(config, cores)
   from flashrl_jax.fleet import LocalServers
@@ -458,7 +463,7 @@ def measure(config_path: str, layout_name: str, reps: int, log_dir: str) -> dict
 
 
 def calibrate(config_path: str, layout_name: str, *, reps: int = 3,
-              log_dir: str | None = None) -> dict[str, Any]:
+              log_dir: str | None = None, split: tuple[int, int] | None = None) -> dict[str, Any]:
   """The calibration of `config_path` in the `sync` or `async` layout, measured in a fresh
   process (as a run is one), with the load probe around it; JSON-ready."""
   log_dir = log_dir or tempfile.mkdtemp(prefix="calib_")
@@ -466,6 +471,8 @@ def calibrate(config_path: str, layout_name: str, *, reps: int = 3,
   out = os.path.join(log_dir, "calibration.json")
   cmd = [sys.executable, "-m", "experiments._calibration", f"--config={config_path}",
          f"--layout={layout_name}", f"--reps={reps}", f"--out={out}", f"--server_logs={log_dir}"]
+  if split is not None:
+    cmd.append(f"--split={split[0]}+{split[1]}")
   before = probe()
   start = time.perf_counter()
   proc = subprocess.run(cmd, capture_output=True, text=True,
@@ -484,13 +491,17 @@ def main() -> None:
   flags.DEFINE_string("config", None, "Run config file.", required=True)
   flags.DEFINE_enum("layout", "async", ["sync", "async"], "Core layout of the run to calibrate.")
   flags.DEFINE_integer("reps", 3, "Repetitions of each microbenchmark point (medians).")
+  flags.DEFINE_string("split", None, "Async layout: rollout+trainer cores (e.g. 2+1; default: "
+                      "the config's).")
   flags.DEFINE_string("out", None, "Output JSON.", required=True)
   flags.DEFINE_string("server_logs", None, "Server logs directory (default: a temp dir).")
 
   def run(argv):
     del argv
     f = flags.FLAGS
-    result = measure(f.config, f.layout, f.reps, f.server_logs or tempfile.mkdtemp(prefix="calib_"))
+    split = tuple(int(x) for x in f.split.split("+")) if f.split else None
+    result = measure(f.config, f.layout, f.reps, f.server_logs or tempfile.mkdtemp(prefix="calib_"),
+                     split)
     with open(f.out, "w") as out:
       json.dump(result, out, indent=1)
   app.run(run)

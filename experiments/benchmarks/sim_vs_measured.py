@@ -38,7 +38,7 @@ from flashrl_jax.scheduling import EmpiricalLengths
 
 # The regimes of `async_vs_sync` (name -> config, steps, warm-up steps): the runs predicted are
 # those runs, with the same steps and the same steps excluded.
-REGIMES = {"longtail": ("experiments/configs/bench_rlvr_longtail.py", 40, 8),
+REGIMES = {"longtail": ("experiments/configs/bench_rlvr_longtail.py", 100, 10),
            "balanced": ("experiments/configs/bench_rlvr.py", 24, 6)}
 
 _REGIMES = flags.DEFINE_list("regimes", list(REGIMES),
@@ -50,6 +50,9 @@ _WARMUP = flags.DEFINE_integer("warmup_steps", None, "Leading steps excluded (co
                                "default: the regime's, 4 for a config file path).")
 _SEEDS = flags.DEFINE_integer("seeds", 8, "Simulation seeds averaged per prediction.")
 _REPS = flags.DEFINE_integer("reps", 3, "Repetitions of each microbenchmark point (medians).")
+_SPLIT = flags.DEFINE_string("async_split", "2+1", "Async runs' rollout+trainer cores, as "
+                             "async_vs_sync's headline (2+1: a server on each core, the trainer "
+                             "time-sharing one).")
 _OUT = flags.DEFINE_string("out", None, "Directory for runs and calibrations (default: temp).")
 
 
@@ -92,6 +95,11 @@ def measured(workdir: str, warmup: int) -> dict:
                                                         for r in records]), 1e-9))}
 
 
+def _split() -> tuple[int, int]:
+  rollout, train = _SPLIT.value.split("+")
+  return int(rollout), int(train)
+
+
 def _lines(path: str) -> int:
   try:
     with open(path, "rb") as f:
@@ -104,7 +112,10 @@ def run(config_path: str, workdir: str, mode: str, alpha: int, steps: int, warmu
   """Runs one mode for real. While it runs, the CPU times of its processes are read at every step
   record: the contention its servers and its trainer process met over the timed steps (after
   `warmup`) rescales the calibrated costs."""
-  flags_ = ["--mode=sync"] if mode == "sync" else ["--mode=async", f"--async_ratio={alpha}"]
+  rollout, train = _split()
+  flags_ = (["--mode=sync"] if mode == "sync" else
+            ["--mode=async", f"--async_ratio={alpha}", f"--rollout_devices={rollout}",
+             f"--train_devices={train}"])
   cmd = [sys.executable, "-m", "experiments.train", f"--config={config_path}",
          f"--workdir={workdir}", f"--steps={steps}", "--progress=false", "--plot=false",
          "--eval_every=0", *flags_]
@@ -161,7 +172,8 @@ def main(argv):
     calibrations = {}
     for layout in ("sync", "async"):
       cal = _calibration.calibrate(path, layout, reps=_REPS.value,
-                                   log_dir=os.path.join(out, f"{regime}_calibration_{layout}"))
+                                   log_dir=os.path.join(out, f"{regime}_calibration_{layout}"),
+                                   split=_split() if layout == "async" else None)
       calibrations[layout] = cal
       with open(os.path.join(out, f"{regime}_calibration_{layout}.json"), "w") as f:
         json.dump(cal, f, indent=1)
