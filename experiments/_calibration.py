@@ -168,6 +168,19 @@ def _nondecreasing(values: list[float], floor: float = 1e-6) -> list[float]:
   return [max(m, floor) for m, w in blocks for _ in range(int(w))]
 
 
+def fit_train(tokens, seconds) -> tuple[tuple[int, int], list[float]]:
+  """Train-step seconds at the fewest and most tokens measured: least squares through the mean,
+  the slope kept >= 0 (noise can tilt a narrow token range), without the steps that took over 3x
+  the median (a compilation or a descheduled thread: a 3-5 s step among 0.05 s ones, seen), which
+  a run's step pays once if at all."""
+  t, s = np.asarray(tokens, float), np.asarray(seconds, float)
+  typical = s <= 3 * np.median(s)
+  t, s = t[typical], s[typical]
+  slope = max(float(np.polyfit(t, s, 1)[0]), 0.0) if np.ptp(t) > 0 else 0.0
+  lo, hi = int(t.min()), max(int(t.max()), int(t.min()) + 1)
+  return (lo, hi), [max(float(s.mean() + slope * (x - t.mean())), 0.0) for x in (lo, hi)]
+
+
 class _Bench:
   """The measurements, inside the calibration process's event loop."""
 
@@ -336,6 +349,8 @@ class _Bench:
     """Compiles every micro-batch count a step can need (batches of equal lengths up to the
     longest measured response), so no timed step below pays a compilation; a run that meets a
     new count mid-run pays it there, which is a cost of that run, not of the step."""
+    # As `RunConfig.precompile` does before step 1: every micro-batch count, ahead of time.
+    await asyncio.to_thread(self.trainer.warmup, self.config.samples_per_step)
     longest = max(max(g) for g in groups)
     for length in sorted({max(1, int(longest * f)) for f in (0.02, 0.1, 0.25, 0.5, 0.75, 1.0)}):
       await asyncio.to_thread(self.trainer.update, self._trajectories(
@@ -378,11 +393,7 @@ class _Bench:
       stop.set()
       if load is not None:
         await load
-    # Least squares through the mean, the slope kept >= 0 (noise can tilt a narrow token range).
-    t, s = np.asarray(tokens, float), np.asarray(seconds, float)
-    slope = max(float(np.polyfit(t, s, 1)[0]), 0.0) if np.ptp(t) > 0 else 0.0
-    lo, hi = int(t.min()), max(int(t.max()), int(t.min()) + 1)
-    fit = [max(float(s.mean() + slope * (x - t.mean())), 0.0) for x in (lo, hi)]
+    (lo, hi), fit = fit_train(tokens, seconds)
     return {"train_tokens": [lo, hi], "train_s": fit, "export_s": _median(exports),
             "raw_tokens": tokens, "raw_seconds": seconds}
 

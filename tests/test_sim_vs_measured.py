@@ -135,3 +135,14 @@ def test_cpu_times_follow_a_process_tree():
     child.wait()
   assert _calibration.cpu_times([child.pid]) == (0.0, 0.0)
   assert _calibration.contention((1.0, 1.0), (1.0, 5.0)) == 1.0  # no CPU time: nothing to scale
+
+
+def test_train_fit_ignores_a_compiling_step():
+  # 0.05 s + 1e-5 s/token, one step 3.2 s (a compilation mid-measurement, as seen in a real
+  # calibration): the fit is the line, not a flat 0.3 s.
+  tokens = [1000, 1500, 2000, 2500, 3000, 1200, 1800]
+  seconds = [0.05 + 1e-5 * x for x in tokens]
+  seconds[2] = 3.2
+  (lo, hi), fit = _calibration.fit_train(tokens, seconds)
+  assert (lo, hi) == (1000, 3000)
+  assert fit == pytest.approx([0.06, 0.08], rel=1e-6)
