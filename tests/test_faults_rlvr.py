@@ -75,7 +75,10 @@ def _command(workdir: str, model: str, *extra: str) -> list[str]:
   # A 26-token context (the servers' too): few shapes to compile (the servers warm up every one),
   # the same train step for both tests (one compilation), and a context the α = 0 run's stub
   # servers refuse the longer prompts for (prompt + 12 new tokens > 26; ours shorten the answer).
-  return [f"--model_path={model}", f"--workdir={workdir}", "--mode=async",
+  # The synthetic repeat task: its prompts fit the 26-token context (the demo's reasoning-gym
+  # prompts are ~53 tokens: every one would be refused).
+  return ["--config=experiments/configs/repeat.py", f"--model_path={model}",
+          f"--workdir={workdir}", "--mode=async",
           f"--steps={STEPS}", "--batch_size=2", f"--group_size={GROUP}", "--max_new_tokens=12",
           "--max_running_requests=4", "--checkpoint_every=1", "--eval_every=0", "--noplot",
           "--noprogress", "--set=train.batch.row_length=26",

@@ -43,8 +43,8 @@ def model(tmp_path_factory):
 
 
 def _flags(model, workdir, mesh):
-  return ["--rollout=stub", f"--model_path={model}", f"--workdir={workdir}", f"--mesh={mesh}",
-          "--mode=async", "--async_ratio=0", f"--steps={STEPS}", "--batch_size=2",
+  return ["--config=experiments/configs/repeat.py", "--rollout=stub", f"--model_path={model}",
+          f"--workdir={workdir}", f"--mesh={mesh}", "--mode=async", "--async_ratio=0", f"--steps={STEPS}", "--batch_size=2",
           "--group_size=2", "--checkpoint_every=1", "--eval_every=0", "--noplot", "--noprogress",
           "--set=train.loss.entropy_coef=0.05", "--learning_rate=3e-2"]
 
