@@ -76,11 +76,22 @@ def _alive(pid: int) -> bool:
     return f.read().split()[2] != "Z"
 
 
-def _latest_checkpoint(workdir) -> int:
+def _committed_checkpoints(workdir) -> list[int]:
   root = os.path.join(workdir, "checkpoints")
-  steps = [int(d) for d in os.listdir(root)
-           if d.isdigit() and os.path.exists(os.path.join(root, d, "commit_success.txt"))]
-  return max(steps)
+  return [int(d) for d in (os.listdir(root) if os.path.isdir(root) else [])
+          if d.isdigit() and os.path.exists(os.path.join(root, d, "commit_success.txt"))]
+
+
+def _latest_checkpoint(workdir) -> int:
+  return max(_committed_checkpoints(workdir))
+
+
+def _wait_for_a_checkpoint(workdir, timeout_s: float = 120) -> None:
+  """The step record is written before the checkpoint (so a crash between them loses no record):
+  a kill right after step 2's record may precede every commit under load."""
+  deadline = time.monotonic() + timeout_s
+  while not _committed_checkpoints(workdir) and time.monotonic() < deadline:
+    time.sleep(0.1)
 
 
 def _check_records(records, steps):
@@ -100,6 +111,7 @@ def test_trainer_sigkill_resumes_from_checkpoint(tmp_path, model, jax_cache):
   first = _start(command, log_path, jax_cache)
   try:
     _wait_for_step(workdir, 2, first)
+    _wait_for_a_checkpoint(workdir)
     with open(os.path.join(workdir, "server_pids.json")) as f:
       orphans = [e["pid"] for e in json.load(f)]
   finally:
