@@ -29,9 +29,8 @@ import time
 import pytest
 
 from flashrl_jax.controller import read_metrics
-from flashrl_jax.testing import tiny_config, write_tiny_checkpoint
+from tests.train_process import REPO, train_env
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALPHA, GROUP, STEPS = 2, 2, 10
 LAUNCHES = [  # (failpoints, how the launch ends)
     ("train@1=kill_engine:1,published@3=corrupt,train@5=kill", "killed"),
@@ -42,23 +41,9 @@ LAUNCHES = [  # (failpoints, how the launch ends)
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("model"))
-  write_tiny_checkpoint(path, tiny_config(max_position_embeddings=1024))
-  return path
-
-
-@pytest.fixture(scope="module")
-def jax_cache(tmp_path_factory):
-  """One persistent compilation cache for every launch: each compiles nothing the last did."""
-  return str(tmp_path_factory.mktemp("jax_cache"))
-
-
 def _launch(args: list[str], failpoints: str, log_path: str, jax_cache: str,
             timeout_s: float = 900) -> int:
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": jax_cache,
-         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "FLASHRL_FAILPOINTS": failpoints}
+  env = train_env(jax_cache, FLASHRL_FAILPOINTS=failpoints)
   with open(log_path, "ab") as log:
     log.write(f"\n===== launch: FLASHRL_FAILPOINTS={failpoints!r}\n".encode())
     log.flush()
@@ -90,9 +75,10 @@ def _final_source(workdir: str, step: int = STEPS) -> dict:
     return json.load(f)["source"]
 
 
-def test_faults_on_the_rlvr_path_lose_nothing_and_train_nothing_twice(tmp_path, model, jax_cache):
+def test_faults_on_the_rlvr_path_lose_nothing_and_train_nothing_twice(tmp_path, run_model,
+                                                                      jax_cache):
   workdir, log_path = str(tmp_path / "run"), str(tmp_path / "train.log")
-  args = _command(workdir, model, f"--async_ratio={ALPHA}", "--rollout=embedded",
+  args = _command(workdir, run_model, f"--async_ratio={ALPHA}", "--rollout=embedded",
                   "--num_rollout_servers=2")
   for failpoints, ending in LAUNCHES:
     rc = _launch(args, failpoints, log_path, jax_cache)
@@ -118,7 +104,7 @@ def test_faults_on_the_rlvr_path_lose_nothing_and_train_nothing_twice(tmp_path, 
   assert "prompts rejected by a server as invalid (dropped): 0;" in segments[3]  # the summary
   for segment in segments[1:]:  # the servers of each killed controller were reaped
     assert "left behind by a previous run" in segment
-  _assert_no_server_left(model)
+  _assert_no_server_left(run_model)
 
   records = read_metrics(workdir)
   assert [r["step"] for r in records] == list(range(1, STEPS + 1))
@@ -161,7 +147,8 @@ def _assert_no_server_left(model: str) -> None:
   assert not left, left
 
 
-def test_alpha_zero_async_run_finishes_fresh_and_accounts_for_rejected_prompts(tmp_path, model,
+def test_alpha_zero_async_run_finishes_fresh_and_accounts_for_rejected_prompts(tmp_path,
+                                                                                run_model,
                                                                                 jax_cache):
   """Regression (e94da35: α = 0 dispatched nothing until a publish that waited for data), with a
   context so short that the servers refuse the longer prompts as invalid (HTTP 400: prompt +
@@ -169,7 +156,8 @@ def test_alpha_zero_async_run_finishes_fresh_and_accounts_for_rejected_prompts(t
   step's record and counted in the final summary, the run does not stall (α = 0 must dispatch a
   replacement), and every other prompt is trained or pending."""
   workdir, log_path = str(tmp_path / "run"), str(tmp_path / "train.log")
-  args = _command(workdir, model, "--async_ratio=0", "--rollout=stub", "--num_rollout_servers=2")
+  args = _command(workdir, run_model, "--async_ratio=0", "--rollout=stub",
+                  "--num_rollout_servers=2")
   args = [a.replace(f"--steps={STEPS}", "--steps=3") for a in args]
   rc = _launch(args, "", log_path, jax_cache, timeout_s=600)
   log = open(log_path, errors="replace").read()

@@ -22,24 +22,9 @@ import urllib.request
 import pytest
 
 from flashrl_jax.controller import read_metrics
-from flashrl_jax.testing import tiny_config, write_tiny_checkpoint
 from tests.rollout_stubs import configure
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.train_process import REPO, alive, train_env
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("model"))
-  write_tiny_checkpoint(path, tiny_config(max_position_embeddings=1024))
-  return path
-
-
-@pytest.fixture(scope="module")
-def jax_cache(tmp_path_factory):
-  """One persistent compilation cache for every run here: the train step compiles once, not 3x."""
-  return str(tmp_path_factory.mktemp("jax_cache"))
 
 
 def _command(workdir, model, *extra):
@@ -49,10 +34,9 @@ def _command(workdir, model, *extra):
 
 
 def _start(command, log_path, jax_cache):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": jax_cache,
-         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
   with open(log_path, "ab") as log:
-    return subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+    return subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                            env=train_env(jax_cache))
 
 
 def _wait_for_step(workdir, step: int, proc, timeout_s: float = 300) -> None:
@@ -65,15 +49,6 @@ def _wait_for_step(workdir, step: int, proc, timeout_s: float = 300) -> None:
       return
     time.sleep(0.1)
   raise AssertionError(f"step {step} not reached in {timeout_s}s")
-
-
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  with open(f"/proc/{pid}/stat") as f:
-    return f.read().split()[2] != "Z"
 
 
 def _committed_checkpoints(workdir) -> list[int]:
@@ -105,9 +80,9 @@ def _check_records(records, steps):
   assert records[-1]["total/samples_trained"] == steps * 4
 
 
-def test_trainer_sigkill_resumes_from_checkpoint(tmp_path, model, jax_cache):
+def test_trainer_sigkill_resumes_from_checkpoint(tmp_path, run_model, jax_cache):
   workdir, log_path = str(tmp_path / "run"), str(tmp_path / "train.log")
-  command = _command(workdir, model, "--steps=5")
+  command = _command(workdir, run_model, "--steps=5")
   first = _start(command, log_path, jax_cache)
   try:
     _wait_for_step(workdir, 2, first)
@@ -117,7 +92,7 @@ def test_trainer_sigkill_resumes_from_checkpoint(tmp_path, model, jax_cache):
   finally:
     first.kill()  # SIGKILL: no cleanup, servers left running in their own sessions
     first.wait()
-  assert all(_alive(pid) for pid in orphans)
+  assert all(alive(pid) for pid in orphans)
   restored = _latest_checkpoint(workdir)
   with open(os.path.join(workdir, "checkpoints", str(restored), "extra", "metadata")) as f:
     extra = json.load(f)
@@ -131,7 +106,7 @@ def test_trainer_sigkill_resumes_from_checkpoint(tmp_path, model, jax_cache):
 
   second = _start(command, log_path, jax_cache)
   assert second.wait(timeout=300) == 0, open(log_path).read()[-3000:]
-  assert not any(_alive(pid) for pid in orphans)  # reaped by the second run
+  assert not any(alive(pid) for pid in orphans)  # reaped by the second run
   records = read_metrics(workdir)
   _check_records(records, 5)
   # Resumed, not restarted: steps up to the checkpoint are the first run's, the rest were redone.
@@ -151,9 +126,9 @@ def _weight_version(url: str) -> int | None:
     return None
 
 
-def test_rollout_server_sigkill_mid_run(tmp_path, model, jax_cache):
+def test_rollout_server_sigkill_mid_run(tmp_path, run_model, jax_cache):
   workdir, log_path = str(tmp_path / "run"), str(tmp_path / "train.log")
-  proc = _start(_command(workdir, model, "--steps=4", "--env_fail_slow_prob=0.2",
+  proc = _start(_command(workdir, run_model, "--steps=4", "--env_fail_slow_prob=0.2",
                          "--env_fail_stop_prob=0.1"), log_path, jax_cache)
   try:
     _wait_for_step(workdir, 1, proc)

@@ -27,32 +27,23 @@ import pytest
 
 from flashrl_jax.controller import read_metrics
 from flashrl_jax.fleet import free_port
-from flashrl_jax.testing import tiny_config, write_tiny_checkpoint
 from flashrl_jax.trainer import EXIT_LOST
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.train_process import REPO as ROOT
+from tests.train_process import alive, train_env
 STEPS = 4
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("model"))
-  write_tiny_checkpoint(path, tiny_config(max_position_embeddings=1024))
-  return path
-
-
 def _flags(model, workdir, mesh):
   return ["--config=experiments/configs/repeat.py", "--rollout=stub", f"--model_path={model}",
-          f"--workdir={workdir}", f"--mesh={mesh}", "--mode=async", "--async_ratio=0", f"--steps={STEPS}", "--batch_size=2",
-          "--group_size=2", "--checkpoint_every=1", "--eval_every=0", "--noplot", "--noprogress",
-          "--set=train.loss.entropy_coef=0.05", "--learning_rate=3e-2"]
+          f"--workdir={workdir}", f"--mesh={mesh}", "--mode=async", "--async_ratio=0",
+          f"--steps={STEPS}", "--batch_size=2", "--group_size=2", "--checkpoint_every=1",
+          "--eval_every=0", "--noplot", "--noprogress", "--set=train.loss.entropy_coef=0.05",
+          "--learning_rate=3e-2"]
 
 
 def _env(cache, devices):
-  return {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": cache,
-          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-          "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+  return train_env(cache, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
 
 
 def _start_pair(flags, cache, log_dir, life):
@@ -92,20 +83,11 @@ def _log(log_dir, name):
     return f.read()
 
 
-def _alive(pid):
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  with open(f"/proc/{pid}/stat") as f:
-    return f.read().split()[2] != "Z"
-
-
 @pytest.mark.timeout(1200)  # 4 launches of 2 processes: 150-310 s here at load 8-14, 580 s at 14+
-def test_two_processes_survive_kills_and_match_one_process(tmp_path, model):
+def test_two_processes_survive_kills_and_match_one_process(tmp_path, run_model):
   cache = str(tmp_path / "jax_cache")
   workdir = str(tmp_path / "run2")
-  flags = _flags(model, workdir, "fsdp:4")
+  flags = _flags(run_model, workdir, "fsdp:4")
 
   # 1. Process 0 dies after a checkpoint: the follower stops by itself, naming process 0.
   procs = _start_pair(flags, cache, tmp_path, 1)
@@ -132,7 +114,7 @@ def test_two_processes_survive_kills_and_match_one_process(tmp_path, model):
     for p in procs:
       p.kill()
   assert "process 1 of 2 was lost" in _log(tmp_path, "life2_p0.log")
-  assert not any(_alive(pid) for pid in server_pids), "process 0 left its rollout servers running"
+  assert not any(alive(pid) for pid in server_pids), "process 0 left its rollout servers running"
 
   # 3. Restarted with the launcher: it resumes from the step-3 checkpoint and finishes.
   with open(tmp_path / "life3.log", "w") as log:
@@ -147,7 +129,7 @@ def test_two_processes_survive_kills_and_match_one_process(tmp_path, model):
   # The same run in one process on the same global mesh shape (4 devices, fsdp over all).
   single_dir = str(tmp_path / "run1")
   single = subprocess.run([sys.executable, "-m", "experiments.train",
-                           *_flags(model, single_dir, "fsdp:4")], cwd=ROOT, env=_env(cache, 4),
+                           *_flags(run_model, single_dir, "fsdp:4")], cwd=ROOT, env=_env(cache, 4),
                           capture_output=True, text=True, timeout=900)
   assert single.returncode == 0, single.stderr[-3000:]
 
