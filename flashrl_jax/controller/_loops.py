@@ -126,19 +126,29 @@ class Loop:
         times.update(await self.fleet.publish(path, version, idle=idle))
         break
       except VersionRefused as refused:
-        self.counters.versions_refused += 1
-        log.error("%s", refused)
+        self._count_refusal(refused)
         if attempt < MAX_REEXPORTS:
           path = await asyncio.to_thread(self.learner.reexport)
           continue
         if self.config.mode is Mode.ASYNC and self.config.async_ratio == 0:
           raise RuntimeError(f"the servers refuse policy version {version}, and α = 0 cannot "
                              "generate from any other") from refused
-        log.error("servers go on serving policy version %d; the next update publishes version "
-                  "%d", self.fleet.version, version + 1)
+        self._keep_serving_previous(version)
+    self._handed_over()
+    return times
+
+  def _count_refusal(self, refused: VersionRefused) -> None:
+    self.counters.versions_refused += 1
+    log.error("%s", refused)
+
+  def _keep_serving_previous(self, refused_version: int) -> None:
+    log.error("servers go on serving policy version %d; the next update publishes version %d",
+              self.fleet.version, refused_version + 1)
+
+  def _handed_over(self) -> None:
+    """After a handoff: keep the served version's export, delete the ones nothing needs."""
     self.learner.hold(self.fleet.version)
     self.learner.collect_garbage()
-    return times
 
   async def _publish_behind(self, on_published: Callable[[], Awaitable[None]]
                             ) -> dict[str, float]:
@@ -157,13 +167,10 @@ class Loop:
       try:
         phases = await self.fleet.publish(path, version)
       except VersionRefused as refused:  # the trainer has moved on: the next version supersedes
-        self.counters.versions_refused += 1
-        log.error("%s", refused)
-        log.error("servers go on serving policy version %d; the next update publishes version "
-                  "%d", self.fleet.version, version + 1)
+        self._count_refusal(refused)
+        self._keep_serving_previous(version)
         phases = {}
-      self.learner.hold(self.fleet.version)
-      self.learner.collect_garbage()
+      self._handed_over()
       await on_published()
       return phases
 

@@ -278,6 +278,7 @@ class HFDirWriter:
                   [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
     self._expected = {name: (tuple(shape), np.dtype(dtype)) for name, shape, dtype in self.specs}
     self._order = [name for name, _, _ in self.specs]
+    self._shard_of = {name: i for i, names in enumerate(self.shards) for name in names}
     self._next = 0
     self._pending: dict[str, np.ndarray] = {}
     self.written: list[str] = []
@@ -292,7 +293,7 @@ class HFDirWriter:
                        f"{dtype}{list(shape)}.")
     self._next += 1
     self._pending[name] = value
-    shard = next(i for i, names in enumerate(self.shards) if name in names)
+    shard = self._shard_of[name]
     if name == self.shards[shard][-1]:  # the file is complete: write it, drop its tensors
       tensors = {n: self._pending.pop(n) for n in self.shards[shard]}
       save_file(tensors, os.path.join(self.path, self.files[shard]), metadata={"format": "pt"})
