@@ -25,8 +25,10 @@ worker threads on the trainer's), and measures:
 
 The CPU contention the servers met while the decode was timed, and the trainer while its step was
 (the kernel's per-thread time on a CPU and time waiting for one, `contention`), is recorded, so a
-run that meets another contention is predicted with the costs rescaled (sim_vs_measured.py). A load
-probe (fixed pure-Python work on each core) is timed around every calibration too.
+run that meets another contention is predicted with the costs rescaled (sim_vs_measured.py); in the
+async layout also beside the other side (the trainer's step beside a busy rollout, the servers'
+rollout beside training), which holds the core the trainer shares with a server as a run does. A
+load probe (fixed pure-Python work on each core) is timed around every calibration too.
 
   python -m experiments._calibration --config=experiments/configs/bench_rlvr.py --layout=async \\
       --out=calibration.json
@@ -322,28 +324,41 @@ class _Bench:
             group_id=g, behavior_version=version, start_version=version))
     return out
 
-  async def rollout_beside_train(self, groups, prompt_tokens: float, median_len: float) -> float:
+  async def rollout_beside_train(self, groups, prompt_tokens: float, median_len: float
+                                 ) -> dict[str, float]:
     """How much longer a full rollout batch takes while the trainer trains in a worker thread of
-    this process (alternating alone / beside, medians)."""
+    this process (alternating alone / beside, medians), and the CPU contention the servers met in
+    each half: in the 2+1 split a server shares its core with the trainer, so its contention
+    beside training holds that sharing, which the factor already charges (sim_vs_measured)."""
     stop = asyncio.Event()
     rng = np.random.default_rng(2)
+    servers = processes(os.getpid())[1]
 
     async def train_forever() -> None:
       while not stop.is_set():
         await asyncio.to_thread(self.trainer.update, self._trajectories(rng, groups, prompt_tokens))
 
+    async def timed(phase: str) -> float:
+      before = cpu_times(servers)
+      wall = await self.batch(a, tokens)
+      after = cpu_times(servers)
+      cpu[phase] = tuple(x + b - f for x, b, f in zip(cpu[phase], after, before))
+      return wall
+
     a = self.slots * self.workers
     tokens = int(min(self.config.rollout.max_new_tokens, max(48, 4 * median_len)))
     alone, beside = [], []
+    cpu = {"alone": (0.0, 0.0), "beside": (0.0, 0.0)}  # servers' (run, wait) seconds per phase
     for _ in range(self.reps + 1):
-      alone.append(await self.batch(a, tokens))
+      alone.append(await timed("alone"))
       stop.clear()
       trainer = asyncio.create_task(train_forever())
       await asyncio.sleep(0.2)
-      beside.append(await self.batch(a, tokens))
+      beside.append(await timed("beside"))
       stop.set()
       await trainer
-    return max(_median(beside) / _median(alone), 1.0)
+    return {"factor": max(_median(beside) / _median(alone), 1.0),
+            **{f"contention_{phase}": contention((0.0, 0.0), cpu[phase]) for phase in cpu}}
 
   async def compile_train(self, groups, prompt_tokens: float) -> None:
     """Compiles every micro-batch count a step can need (batches of equal lengths up to the
@@ -433,13 +448,17 @@ async def _measure(config: RunConfig, place: Layout, urls: list[str], trainer, r
     trainer_cal["alone"]["contention"] = contention(before, cpu_times([os.getpid()]))
     interference = {"train_beside_rollout": 1.0, "rollout_beside_train": 1.0}
     if place.client_cpus is not None:  # async: trainer and client share this process
+      # The contention beside a busy rollout holds the core the trainer shares with a server in
+      # the 2+1 split, as an async run's does: sim_vs_measured rescales async runs against it.
+      before = cpu_times([os.getpid()])
       beside = await bench.train(groups, prompt_tokens, batches, busy=True)
+      beside["contention"] = contention(before, cpu_times([os.getpid()]))
       trainer_cal["beside_rollout"] = beside
+      rollout["beside_train"] = await bench.rollout_beside_train(groups, prompt_tokens, median_len)
       interference = {
           "train_beside_rollout": max(_median(beside["raw_seconds"])
                                       / _median(trainer_cal["alone"]["raw_seconds"]), 1.0),
-          "rollout_beside_train": await bench.rollout_beside_train(groups, prompt_tokens,
-                                                                   median_len)}
+          "rollout_beside_train": rollout["beside_train"]["factor"]}
   return {"rollout": rollout, "trainer": trainer_cal, "interference": interference}
 
 

@@ -246,3 +246,27 @@ def test_a_context_sensitive_decode_is_retimed_as_contexts_grow():
   assert sim.simulate(config).records[0].gen_s == pytest.approx(exact, rel=0.02)
   flat = config.replace(cost=sim.CostModel(decode=sim.TabulatedDecode((1,), (0.001,))))
   assert sim.simulate(flat).records[0].gen_s == pytest.approx(0.4)
+
+
+def test_the_overlap_of_training_and_rollout_is_reported():
+  # One single-slot worker, every response 100 tokens at 10 ms (1 s), training 0.4 s, free
+  # handoffs, B = n = 1. At α = 1 the bound keeps a prompt in flight while the trainer trains, so
+  # the rollout never idles: every training second is beside it, and 0.4 s of each 1 s step of
+  # rollout is beside training. At α = 0 nothing is dispatched during a step; sync never overlaps.
+  def run(training, interference=1.0):
+    return sim.simulate(sim.SimConfig(
+        gpus=1 if isinstance(training, sim.SyncTraining) else 2, slots=1, batch_prompts=1,
+        group_size=1, steps=6, warmup_steps=2, lengths=CycleLengths((100,)), prompt_tokens=0,
+        training=training,
+        cost=sim.CostModel(decode=sim.LinearDecode(0.01), train=sim.TrainModel(fixed_s=0.4),
+                           train_beside_rollout=interference)))
+
+  pipelined = run(sim.AsyncTraining(alpha=1, train_gpus=1))
+  assert pipelined.step_time_s == pytest.approx(1.0)
+  assert pipelined.train_beside_rollout == pytest.approx(1.0)
+  assert pipelined.rollout_beside_train == pytest.approx(0.4)
+  # Twice as slow beside the rollout: 0.8 s of each 1 s is beside training.
+  assert run(sim.AsyncTraining(alpha=1, train_gpus=1), 2.0).rollout_beside_train == (
+      pytest.approx(0.8))
+  for lockstep in (run(sim.AsyncTraining(alpha=0, train_gpus=1)), run(sim.SyncTraining())):
+    assert (lockstep.train_beside_rollout, lockstep.rollout_beside_train) == (0.0, 0.0)

@@ -146,3 +146,73 @@ def test_train_fit_ignores_a_compiling_step():
   (lo, hi), fit = _calibration.fit_train(tokens, seconds)
   assert (lo, hi) == (1000, 3000)
   assert fit == pytest.approx([0.06, 0.08], rel=1e-6)
+
+
+def test_contention_over_two_phases_is_the_wall_weighted_harmonic_mean():
+  # 1 s of wall time at contention 1 (1 s on a CPU) and 1 s at 2 (0.5 s on a CPU): 2 s of wall
+  # time for 1.5 s of CPU time, 4/3 (the arithmetic mean would say 1.5).
+  assert sim_vs_measured.mixed_contention(1.0, 2.0, 0.5) == pytest.approx(2.0 / 1.5)
+  assert sim_vs_measured.mixed_contention(1.5, 3.0, 0.0) == 1.5
+  assert sim_vs_measured.mixed_contention(1.5, 3.0, 1.0) == pytest.approx(3.0)
+  with pytest.raises(ValueError, match="beside_fraction"):
+    sim_vs_measured.mixed_contention(1.0, 2.0, 1.5)
+
+
+def _async_calibration(servers_sharing: float, trainer_sharing: float) -> dict:
+  """A calibration in the async layout: measured alone at contention 1.5 (servers) and 1.2
+  (trainer), and beside the other side at `*_sharing` times that."""
+  cal = _calibration_of(length=50, step_s=0.004, train_s=0.05)
+  cal["rollout"]["contention"] = 1.5
+  cal["rollout"]["beside_train"] = {"factor": 1.3, "contention_alone": 2.0,
+                                    "contention_beside": 2.0 * servers_sharing}
+  cal["trainer"]["alone"]["contention"] = 1.2
+  cal["trainer"]["beside_rollout"] = {"contention": 1.2 * trainer_sharing}
+  cal["interference"] = {"train_beside_rollout": 2.0, "rollout_beside_train": 1.3}
+  return cal
+
+
+def test_async_reference_holds_the_sharing_for_the_time_it_is_shared():
+  Contention, Overlap = sim_vs_measured.Contention, sim_vs_measured.Overlap
+  cal = _async_calibration(servers_sharing=1.5, trainer_sharing=2.0)
+  # Sync is rescaled against the contention the costs were measured at, alone.
+  assert sim_vs_measured.reference_contention(cal, "sync") == Contention(1.5, 1.2)
+  always = sim_vs_measured.reference_contention(cal, "async", Overlap(1.0, 1.0))
+  assert always == Contention(pytest.approx(1.5 * 1.5), pytest.approx(1.2 * 2.0))
+  # The servers beside training half the time: 1.5 * (1 / (0.5 / 1 + 0.5 / 1.5)).
+  half = sim_vs_measured.reference_contention(cal, "async", Overlap(1.0, 0.5))
+  assert half.servers == pytest.approx(1.5 * 1.2) and half.trainer == pytest.approx(2.4)
+  # Less contention beside than alone (noise) is no sharing, not a speed-up.
+  calm = sim_vs_measured.reference_contention(_async_calibration(0.8, 0.9), "async",
+                                              Overlap(1.0, 1.0))
+  assert calm == Contention(1.5, 1.2)
+  with pytest.raises(ValueError, match="overlap"):
+    sim_vs_measured.reference_contention(cal, "async")
+
+
+def test_an_async_run_that_meets_only_the_calibrated_sharing_is_not_rescaled():
+  # The run's contention is the calibration's beside the other side, nothing else: the
+  # interference factors charge that sharing already, so the prediction must stay (close to) the
+  # unscaled one, while the alone-only reference charges it a second time.
+  cal = _async_calibration(servers_sharing=1.5, trainer_sharing=2.0)
+  knobs = ("async", 2, 4, 4, PauseMode.IN_PLACE, 12, 4)
+
+  def predict(slowdown):
+    config = sim_vs_measured.sim_config(cal, *knobs, rollout_slowdown=slowdown.servers,
+                                        train_slowdown=slowdown.trainer)
+    return [sim.simulate(config, seed=s) for s in range(2)]
+
+  unscaled = predict(sim_vs_measured.Contention(1.0, 1.0))
+  overlap = sim_vs_measured.Overlap.of(unscaled)
+  assert 0.0 < overlap.rollout_beside_train < overlap.train_beside_rollout <= 1.0
+  # The run's servers beside training for the share of their time the simulation says.
+  run = sim_vs_measured.reference_contention(cal, "async", overlap)
+  results, slowdown = sim_vs_measured.rescaled_prediction(cal, run, predict, overlap)
+  assert slowdown.servers == pytest.approx(1.0, abs=0.03)
+  assert slowdown.trainer == pytest.approx(1.0, abs=0.03)
+
+  def rate(results):
+    return np.mean([r.samples_per_s for r in results])
+
+  assert rate(results) == pytest.approx(rate(unscaled), rel=0.03)
+  twice = predict(run / sim_vs_measured.reference_contention(cal, "sync"))
+  assert rate(twice) < 0.9 * rate(unscaled)

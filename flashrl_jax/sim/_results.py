@@ -47,6 +47,11 @@ class SimResult:
     idle_fraction: 1 − busy GPU-seconds / (GPUs × wall time), over the whole run.
     staleness_hist: consumed samples per staleness t − v (measured steps).
     dropped_samples, wasted_tokens: samples dropped as too stale and the tokens they had decoded.
+    train_beside_rollout: fraction of the training time (after warm-up) during which the rollout
+      was busy, and
+    rollout_beside_train: fraction of the rollout's busy time during which a step trained: where
+      `CostModel`'s interference factors applied (sim_vs_measured weighs the calibration's CPU
+      contention alone and beside by them).
   """
 
   records: tuple[StepRecord, ...]
@@ -64,10 +69,13 @@ class SimResult:
   dropped_samples: int
   wasted_tokens: int
   events: int
+  train_beside_rollout: float
+  rollout_beside_train: float
 
   @classmethod
   def from_records(cls, records: list[StepRecord], warmup: int, gpus: int, busy_gpu_s: float,
-                   rollout_busy_fraction: float, wasted_tokens: int, events: int) -> SimResult:
+                   rollout_busy_fraction: float, wasted_tokens: int, events: int,
+                   train_beside_rollout: float, rollout_beside_train: float) -> SimResult:
     measured = records[warmup:]
     t0 = records[warmup - 1].end_time if warmup else 0.0
     t1 = records[-1].end_time
@@ -86,7 +94,8 @@ class SimResult:
         rollout_busy_fraction=rollout_busy_fraction,
         staleness_hist=dict(sorted(hist.items())),
         dropped_samples=sum(r.dropped_samples for r in records),
-        wasted_tokens=wasted_tokens, events=events)
+        wasted_tokens=wasted_tokens, events=events, train_beside_rollout=train_beside_rollout,
+        rollout_beside_train=rollout_beside_train)
 
   def summary(self) -> dict[str, Any]:
     """The scalar metrics (plus the staleness histogram), JSON-ready."""

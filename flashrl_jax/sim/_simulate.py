@@ -59,6 +59,11 @@ class Run:
     self._train_rate = 1.0
     self._train_since = 0.0
     self._train_epoch = 0
+    # Wall seconds, after warm-up, with the rollout busy, training under way, and both at once:
+    # how much of each side's time the interference factors apply to (`SimResult.*_beside`).
+    self._pool_busy = False
+    self._tally_since = 0.0
+    self._busy_s = self._train_s = self._overlap_s = 0.0
 
   @property
   def finished(self) -> bool:
@@ -112,6 +117,7 @@ class Run:
         train_tokens=train_tokens, staleness=[self.version - r.start_version for r in requests],
         response_lengths=[r.length for r in requests], dropped_samples=self._dropped)
     self._dropped = 0
+    self._tally()
     self.trainer_busy = self.training = True
     self._train_left, self._train_since = seconds, now
     self._train_rate = self._rate(self.pool.busy)
@@ -127,8 +133,21 @@ class Run:
     end = self.loop.now + self._train_left / self._train_rate
     self.loop.at(end, self._trained, record, then, self._train_epoch)
 
+  def _tally(self) -> None:
+    """Adds the time since the last change of either side's activity to the overlap tallies;
+    called before any such change (the warm-up's steps are not counted, as in `SimResult`)."""
+    now = self.loop.now
+    if len(self.records) >= self.config.warmup_steps:
+      dt = now - self._tally_since
+      self._busy_s += dt if self._pool_busy else 0.0
+      self._train_s += dt if self.training else 0.0
+      self._overlap_s += dt if self._pool_busy and self.training else 0.0
+    self._tally_since = now
+
   def _rollout_activity(self, busy: bool) -> None:
     """The rollout turned busy or idle: a training step under way changes speed."""
+    self._tally()
+    self._pool_busy = busy
     if not self.training or self._train_rate == self._rate(busy):
       return
     now = self.loop.now
@@ -139,6 +158,7 @@ class Run:
   def _trained(self, record: StepRecord, then: Callable[[], None], epoch: int) -> None:
     if epoch != self._train_epoch:
       return  # the step's speed changed since this end was scheduled
+    self._tally()
     self.version += 1
     self.training = False
     self.pool.set_slow(1.0)
@@ -184,7 +204,9 @@ class Run:
     return SimResult.from_records(
         self.records, self.config.warmup_steps, self.config.gpus, busy,
         rollout_busy_fraction=rollout_busy / (rollout_gpus * end), wasted_tokens=self._wasted,
-        events=self.loop.handled)
+        events=self.loop.handled,
+        train_beside_rollout=self._overlap_s / self._train_s if self._train_s > 0 else 0.0,
+        rollout_beside_train=self._overlap_s / self._busy_s if self._busy_s > 0 else 0.0)
 
 
 def simulate(config: SimConfig, seed: int = 0, max_events: int = 50_000_000) -> SimResult:
