@@ -19,7 +19,8 @@ from flashrl_jax.losses import LossConfig
 from flashrl_jax.testing import tiny_config
 from flashrl_jax.trainer import (BatchConfig, LossInputs, OptimizerConfig, TrainConfig, Trainer,
                                  compute_advantages, create_train_state, make_mesh,
-                                 minibatch_gradients, pack, random_trajectories)
+                                 micro_batch_ladder, minibatch_gradients, pack,
+                                 random_trajectories)
 from flashrl_jax.trainer._step import sequence_logprobs
 
 MODEL = tiny_config()
@@ -63,7 +64,7 @@ def test_pack_layout():
   config = BatchConfig(row_length=24, rows=2, sequences_per_row=2, max_response_length=12)
   batch = pack(trajs, config, num_minibatches=2)
   k, m = batch.input_ids.shape[:2]
-  assert k == 2 and m & (m - 1) == 0  # a power of two
+  assert k == 2 and m in (1, 2, 3, 4)  # a count of the ladder
   seen = []
   for at in zip(*np.nonzero(batch.sample_mask)):
     ki, mi, row, slot = at
@@ -156,6 +157,28 @@ def test_vocab_projection_on_slots_or_tokens_agree(model_state, row_length, slot
   np.testing.assert_allclose(logp_a, logp_b, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(ent_a, ent_b, rtol=1e-5, atol=1e-6)
   assert_trees_close(grads_a, grads_b, rtol=1e-4, atol=1e-6)
+
+
+def test_micro_batch_ladder():
+  assert micro_batch_ladder(1) == [1]
+  assert micro_batch_ladder(3) == [1, 2, 3]
+  assert micro_batch_ladder(5) == [1, 2, 3, 4, 6]
+  assert micro_batch_ladder(16) == [1, 2, 3, 4, 6, 8, 12, 16]
+  assert micro_batch_ladder(13) == [1, 2, 3, 4, 6, 8, 12, 16]
+  with pytest.raises(ValueError):
+    micro_batch_ladder(0)
+
+
+def test_pack_rounds_the_micro_batch_count_up_the_ladder():
+  # One full-length trajectory per row, one row per micro-batch: n trajectories need n micro-batches.
+  config = BatchConfig(row_length=24, rows=1, sequences_per_row=1, max_response_length=12)
+  rng = np.random.default_rng(3)
+  for n, expected in [(1, 1), (3, 3), (5, 6), (7, 8), (9, 12)]:
+    trajs = random_trajectories(rng, n, vocab_size=96, prompt_lengths=(12, 12),
+                                response_lengths=(12, 12))
+    batch = pack(trajs, config)
+    assert batch.micro_batches == expected
+    assert int(batch.sample_mask.sum()) == n  # every trajectory placed once, the rest padding
 
 
 def test_gradient_accumulation_equals_full_batch(model_state):

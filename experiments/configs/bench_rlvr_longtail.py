@@ -35,8 +35,8 @@ Why this shape:
   keep the policy's length distribution, and so the regime, stable over the run (with the demo's
   token-mean and 3e-4 it collapsed to empty answers within 30 steps).
 - Training shapes: rows of 384 tokens (the longest prompt + response), 2 rows per micro-batch; a
-  step with more tokens than 768 uses 2, 4 or 8 micro-batches, so the trainer pays for the tokens
-  it gets, not for the worst step's; every count is compiled before step 1 (`precompile`).
+  step with more tokens than 768 uses 2, 3, 4, 6 or 8 micro-batches, so the trainer pays for the
+  tokens it gets, not for the worst step's; every count is compiled before step 1 (`precompile`).
 """
 
 import dataclasses

@@ -6,7 +6,8 @@ graphdef is kept beside it. The controller holds a `Trainer` and calls `update(t
 `Checkpointer` saves/restores the state, `export_version` publishes a policy version as an HF dir.
 """
 
-from flashrl_jax.trainer._batch import Batch, Trajectory, batch_stats, pack, random_trajectories
+from flashrl_jax.trainer._batch import (Batch, Trajectory, batch_stats, micro_batch_ladder, pack,
+                                        random_trajectories)
 from flashrl_jax.trainer._checkpoint import (CheckpointConfig, Checkpointer,
                                              CorruptCheckpointError)
 from flashrl_jax.trainer._config import (AdvantageEstimator, BatchConfig, DType, OptimizerConfig,
@@ -37,7 +38,8 @@ __all__ = [
     "export_version", "first_slurm_host", "host_to_global", "initialize_distributed",
     "learning_rate_schedule", "logical_to_spec", "LossInputs", "make_mesh", "make_optimizer",
     "make_train_step", "merge_model", "MeshConfig", "Message", "micro_batch_loss",
-    "minibatch_gradients", "minibatch_order", "named_sharding", "Op", "OptimizerConfig", "pack",
+    "micro_batch_ladder", "minibatch_gradients", "minibatch_order", "named_sharding", "Op",
+    "OptimizerConfig", "pack",
     "ProcessGroup", "random_trajectories", "replicated", "ROLLOUT_RULES", "Rules", "Schedule",
     "shard_fn", "shutdown_distributed", "state_shardings", "to_host", "TRAIN_RULES",
     "train_state_shardings", "train_step", "TrainConfig", "Trainer", "TrainState", "Trajectory",

@@ -4,7 +4,9 @@ Why: RL responses vary wildly in length. Padding every sequence to the longest w
 compute on padding, and a shape per batch recompiles per step. Instead trajectories (prompt +
 response) are packed into rows of a fixed token budget (segment ids keep them from attending to each
 other, positions restart per segment), rows are grouped into micro-batches of a fixed number of rows,
-and the number of micro-batches is rounded up to a power of two: a handful of shapes ever compile.
+and the number of micro-batches is rounded up to the next count of a short ladder (powers of two
+and their halfway points: 1, 2, 3, 4, 6, 8, 12, ...): a handful of shapes ever compile, and a step
+pays for at most a third more micro-batches than it fills (a power of two alone wastes up to half).
 
 The loss does not see rows. Each row also carries `S` sequence slots `[S, L]` (L = max response
 length) holding, for every response token, the column of the row whose hidden state predicts it. The
@@ -151,8 +153,9 @@ def pack(trajectories: list[Trajectory], config: BatchConfig, num_minibatches: i
   """Packs trajectories into a host (NumPy) `Batch` of `num_minibatches` minibatches.
 
   Trajectories are split into contiguous, nearly equal minibatches in the given order; each is
-  packed first-fit-decreasing. The micro-batch count M is the largest any minibatch needs, rounded up
-  to a power of two (at least `min_micro_batches`). `one_per_row` disables packing (tests, baselines).
+  packed first-fit-decreasing. The micro-batch count M is the largest any minibatch needs (at least
+  `min_micro_batches`), rounded up to `micro_batch_ladder`. `one_per_row` disables packing (tests,
+  baselines).
   """
   if len(trajectories) < num_minibatches:
     raise ValueError(f"{len(trajectories)} trajectories cannot fill {num_minibatches} minibatches.")
@@ -163,8 +166,24 @@ def pack(trajectories: list[Trajectory], config: BatchConfig, num_minibatches: i
             for placed in _assign([trajectories[j].num_tokens for j in split], config, one_per_row)]
            for split in splits]
   needed = max(max(len(p) for p in plans), min_micro_batches)
-  m = 1 << (needed - 1).bit_length()
-  return _fill(trajectories, plans, config, m)
+  return _fill(trajectories, plans, config, micro_batch_ladder(needed)[-1])
+
+
+def micro_batch_ladder(needed: int) -> list[int]:
+  """The micro-batch counts a step may compile for, ascending, up to the first one >= `needed`:
+  powers of two and the halfway points between them (1, 2, 3, 4, 6, 8, 12, 16, ...).
+
+  Why not every count: each is one compilation (seconds on a CPU, all done before step 1). Why not
+  powers of two only: a step of 2.1 micro-batches' worth of tokens would compute 4, and the train
+  step's time is what async RL overlaps with rollout.
+  """
+  if needed < 1:
+    raise ValueError(f"needed must be >= 1, got {needed}.")
+  counts, power = [1], 2
+  while counts[-1] < needed:
+    counts.extend(c for c in (3 * power // 4, power) if c > counts[-1])
+    power *= 2
+  return counts[:next(i for i, c in enumerate(counts) if c >= needed) + 1]
 
 
 def _fill(trajectories, plans, config: BatchConfig, m: int) -> Batch:

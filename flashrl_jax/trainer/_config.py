@@ -87,7 +87,8 @@ class BatchConfig:
   `sequences_per_row` per row, each with at most `max_response_length` response tokens (the width
   of the per-sequence loss arrays). `rows` should be divisible by the mesh's batch axes
   (`data * fsdp`), else the batch is replicated. The number of micro-batches per minibatch is
-  rounded up to a power of two, so an RL step compiles for at most log2(n) shapes.
+  rounded up to `micro_batch_ladder` (1, 2, 3, 4, 6, 8, ...), so an RL step compiles for at most
+  about 2·log2(n) shapes.
   """
 
   row_length: int = 512

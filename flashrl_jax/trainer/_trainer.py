@@ -15,7 +15,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from flashrl_jax.model import Decoder, ModelConfig
-from flashrl_jax.trainer._batch import Batch, Trajectory, batch_stats, pack
+from flashrl_jax.trainer._batch import Batch, Trajectory, batch_stats, micro_batch_ladder, pack
 from flashrl_jax.trainer._config import TrainConfig
 from flashrl_jax.trainer._distributed import to_host, tree_to_global
 from flashrl_jax.trainer._rl_step import batch_shardings, make_train_step
@@ -106,8 +106,8 @@ class Trainer:
 
   def warmup(self, max_sequences: int) -> list[int]:
     """Compiles the step for every micro-batch count a step of up to `max_sequences` trajectories
-    can need (powers of two up to one full-length trajectory per row), without running it; returns
-    the counts. A count first met mid-run would otherwise stop that step for a whole compilation.
+    can need (`micro_batch_ladder` up to one full-length trajectory per row), without running it;
+    returns the counts. A count first met mid-run would otherwise stop that step for a compilation.
     """
     config = self.config.batch
     per_minibatch = -(-max_sequences // self.config.num_minibatches)
@@ -115,16 +115,12 @@ class Trainer:
     dummy = [Trajectory(sample_id=i, prompt_ids=np.ones(1, np.int32),
                         response_ids=np.ones(1, np.int32), behavior_logp=np.zeros(1, np.float32),
                         reward=0.0, group_id=i) for i in range(self.config.num_minibatches)]
-    counts = []
-    m = 1
-    while True:
+    counts = micro_batch_ladder(worst)
+    for m in counts:
       host = pack(dummy, config, self.config.num_minibatches, min_micro_batches=m)
       batch = tree_to_global(host, self.batch_shardings)
       self._step.lower(self.state, batch, self.ref_params).compile()  # cached for later calls
-      counts.append(m)
-      if m >= worst:
-        return counts
-      m *= 2
+    return counts
 
   def compilations(self) -> int:
     """How many shapes the jitted step has compiled for (a fixed handful in a healthy run)."""
