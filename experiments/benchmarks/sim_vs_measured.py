@@ -281,6 +281,8 @@ def main(argv):
       config = _calibration.load_config(path, mode="sync" if mode == "sync" else "async",
                                         async_ratio=alpha)
       info = run(path, workdir, "sync" if mode == "sync" else "async", alpha, steps, warmup)
+      with open(os.path.join(workdir, "run.json"), "w") as f:  # to re-predict from, offline
+        json.dump(info, f, indent=1)
       cal = calibrations["sync" if mode == "sync" else "async"]
       # The run's CPU contention over its timed steps, against the calibration's.
       contention = Contention(info["contention"]["rollout"], info["contention"]["trainer"])
