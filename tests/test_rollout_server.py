@@ -255,6 +255,28 @@ def test_mismatched_weights_are_refused_and_old_weights_keep_serving(url, ckpts)
   assert after["meta_info"]["weight_version"] == "default"
 
 
+def test_server_info_counts_decode_work_and_its_time(url):
+  """The counters a benchmark reads to price a decode iteration: every generated token but each
+  request's first (its prefill's) is one busy slot in one decode step, and the decode and prefill
+  times are real wall time inside this call."""
+  info = lambda: call(url, "/server_info")[1]["internal_states"][0]
+  before = info()
+  start = time.perf_counter()
+  out = generate(url, input_ids=[[5, 6, 7], [8, 9]],
+                 sampling_params={"max_new_tokens": 12, "ignore_eos": True})
+  wall = time.perf_counter() - start
+  after = info()
+  delta = {k: after[k] - before[k] for k in ("decode_steps", "busy_slot_steps", "generated_tokens",
+                                             "prefill_calls", "decode_s", "prefill_s")}
+  assert [o["meta_info"]["completion_tokens"] for o in out] == [12, 12]
+  assert delta["generated_tokens"] == 24
+  assert delta["busy_slot_steps"] == 24 - 2  # two first tokens came from prefill
+  assert 11 <= delta["decode_steps"] <= 22  # together (11) or one after the other (22)
+  assert delta["prefill_calls"] >= 1
+  assert 0 < delta["decode_s"] < wall and 0 < delta["prefill_s"] < wall
+  assert delta["decode_s"] + delta["prefill_s"] < wall
+
+
 def test_client_disconnect_aborts_its_request(url):
   tokens = lambda: call(url, "/server_info")[1]["internal_states"][0]["generated_tokens"]
   before = tokens()

@@ -44,6 +44,8 @@ import time
 
 from absl import app, flags
 
+from experiments._server_profile import ServerSampler, server_profile
+
 _REGIMES = {  # name -> (config module, steps, warm-up steps)
     "longtail": ("bench_rlvr_longtail", 100, 10),
     "balanced": ("bench_rlvr", 24, 6),
@@ -145,12 +147,13 @@ def run_one(out: str, regime: str, mode: str, repeat: int, flags_: list[str]) ->
          f"--steps={steps}", f"--eval_every={steps}", "--progress=false", "--plot=false",
          *flags_, *_EXTRA.value]
   start = time.time()
-  with _LoadSampler() as load:
+  with _LoadSampler() as load, ServerSampler(workdir) as servers:
     proc = subprocess.run(cmd, capture_output=True, text=True)
   if proc.returncode != 0:
     raise RuntimeError(f"{name} failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     info = summarize([json.loads(line) for line in f if line.strip()], warmup)
+  info["servers"] = server_profile(servers.snapshots, warmup, steps)
   print(f"  {name}: {time.time() - start:.0f}s, {info['samples_per_s']:.1f} samples/s, "
         f"load {load.mean:.1f}", flush=True)
   return RunResult(regime, mode, repeat, info["samples_per_s"], info["tokens_per_s"], load.mean,
@@ -194,6 +197,16 @@ def print_tables(results: list[RunResult]) -> None:
           f"{i['export_s']:>6.3f} {i['handoff_s']:>7.3f} {i['handoff_wait_s']:>6.3f} "
           f"{i['dropped_stale_groups']:>4d} "
           f"{i['staleness_max']:>5d} {acc(i['eval_initial'])} {acc(i['eval_final'])}")
+  print("\nrollout servers over the timed steps (decode iteration wall time, requests per "
+        "iteration, time inside decode/prefill calls):")
+  for r in results:
+    s = r.info.get("servers")
+    if s is None:
+      print(f"  {r.regime:<9} {r.mode:<16} {r.repeat:>3}  (no complete server snapshots)")
+      continue
+    print(f"  {r.regime:<9} {r.mode:<16} {r.repeat:>3}  {s['servers']} servers  "
+          f"iteration {s['iteration_ms']:.2f} ms at {s['live']:.1f} live  "
+          f"busy {s['busy']:.2f} (prefill {s['prefill_share']:.2f} of it)")
   print("\nsync runs (regime numbers):")
   for r in results:
     if r.mode == "sync":

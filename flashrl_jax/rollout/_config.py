@@ -56,6 +56,10 @@ class EngineStats:
   computed_slot_steps: int = 0  # slot-steps decode computed (the decode batch size, summed)
   prefill_calls: int = 0
   prefill_tokens: int = 0
+  # Wall seconds inside decode steps and prefill calls (results on the host included): with the
+  # counts they give the time of one decode iteration at the live requests a workload keeps.
+  decode_s: float = 0.0
+  prefill_s: float = 0.0
   generated_tokens: int = 0
   warmup_shapes: int = 0  # step shapes `Engine.warmup` ran
   warmup_s: float | None = None  # how long it took (None: never warmed up)

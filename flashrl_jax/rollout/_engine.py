@@ -386,6 +386,7 @@ class Engine:
           return
         continue
       prompts = [r.all_ids() for r in group]
+      start = time.perf_counter()
       try:
         tokens, logprobs, (top_ids, top_lps) = self.runner.prefill(
             prompts, free[:len(group)], [self._sampling_row(r) for r in group],
@@ -393,6 +394,7 @@ class Engine:
       except Exception as error:  # noqa: BLE001 - isolated to the requests of this group
         self._prefill_failed(group, error)
         continue
+      self.stats.prefill_s += time.perf_counter() - start
       self.stats.prefill_calls += 1
       self.stats.prefill_tokens += sum(len(p) for p in prompts)
       for i, (slot, request) in enumerate(zip(free, group)):
@@ -418,6 +420,7 @@ class Engine:
   def _step(self) -> None:
     """One decode step over the live slots, wherever they are (nothing is moved)."""
     running = self._running()
+    start = time.perf_counter()
     try:
       if self._slots_dirty:
         self.runner.set_slots([self._sampling_row(r) if r is not None else (None, 0, ())
@@ -430,6 +433,7 @@ class Engine:
       self._decode_failed(error)
       return
     self._decode_failures = 0
+    self.stats.decode_s += time.perf_counter() - start
     self.stats.decode_steps += 1
     self.stats.busy_slot_steps += len(running)
     self.stats.computed_slot_steps += self.runner.decode_bucket(len(running), longest)[0]
