@@ -216,3 +216,13 @@ def test_an_async_run_that_meets_only_the_calibrated_sharing_is_not_rescaled():
   assert rate(results) == pytest.approx(rate(unscaled), rel=0.03)
   twice = predict(run / sim_vs_measured.reference_contention(cal, "sync"))
   assert rate(twice) < 0.9 * rate(unscaled)
+
+
+def test_a_runs_decode_iteration_is_compared_at_the_calibrated_step_per_worker():
+  cal = _calibration_of(length=50, step_s=0.004, train_s=0.05)
+  cal["rollout"]["decode_step_s"] = [0.001, 0.008]  # at 1 and 8 live requests per worker
+  # Two servers, each its own worker: 4.5 live each.
+  assert sim_vs_measured.calibrated_step_s(cal, 4.5, servers=2) == pytest.approx(0.0045)
+  # Two servers sharing one core are one worker: 2 live each is 4 on the worker.
+  cal["rollout"]["workers"] = 1
+  assert sim_vs_measured.calibrated_step_s(cal, 2.0, servers=2) == pytest.approx(0.004)

@@ -40,6 +40,7 @@ import numpy as np
 from absl import app, flags
 
 from experiments import _calibration
+from experiments._server_profile import ServerSampler, server_profile
 from flashrl_jax import sim
 from flashrl_jax.scheduling import EmpiricalLengths
 
@@ -165,6 +166,16 @@ def rescaled_prediction(calibration: dict, contention: Contention,
   return results, slowdown
 
 
+def calibrated_step_s(calibration: dict, live: float, servers: int) -> float:
+  """The calibrated decode step (ΔW/ΔL of the microbenchmark, at its mean context) of a worker
+  whose servers together hold `live` requests per server each iteration, as the simulator prices
+  it before any rescaling: beside a run's measured decode iteration, it says whether a miss is in
+  the step's cost or elsewhere (how many requests the servers get, how long they sit idle)."""
+  ro = calibration["rollout"]
+  decode = sim.TabulatedDecode(ro["decode_active"], ro["decode_step_s"])
+  return decode.step_time(live * servers / ro["workers"])
+
+
 def measured(workdir: str, warmup: int) -> dict:
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     records = [json.loads(line) for line in f if line.strip()][warmup:]
@@ -206,7 +217,8 @@ def run(config_path: str, workdir: str, mode: str, alpha: int, steps: int, warmu
   metrics = os.path.join(workdir, "metrics.jsonl")
   before = _calibration.probe()
   start = time.perf_counter()
-  with open(os.path.join(workdir, "train.log"), "w") as log:
+  with (open(os.path.join(workdir, "train.log"), "w") as log,
+        ServerSampler(workdir) as sampler):  # what the servers did: where an error is
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     snapshots: dict[int, tuple] = {}  # step records written -> (trainer, servers) CPU times
     seen = 0
@@ -227,6 +239,7 @@ def run(config_path: str, workdir: str, mode: str, alpha: int, steps: int, warmu
   # From the first record at or after the warm-up to the last one read (the servers stop soon after).
   first, last = snapshots[min(snapshots)], snapshots[max(snapshots)]
   return {**_calibration.probe_pair(before, after), "wall_s": wall,
+          "servers": server_profile(sampler.snapshots, warmup, steps),
           "contention": {"trainer": _calibration.contention(first[0], last[0]),
                          "rollout": _calibration.contention(first[1], last[1])}}
 
@@ -318,7 +331,9 @@ def main(argv):
              "error": error(predicted), "error_raw": error(raw), "error_alone_ref": error(old),
              "train_s": (float(np.mean([r.train_time_s for r in results])), got["train_s"]),
              "wait_s": (float(np.mean([r.wait_data_s for r in results])), got["wait_s"]),
-             "loadavg": info["loadavg"], "run_wall_s": info["wall_s"]}
+             "loadavg": info["loadavg"], "run_wall_s": info["wall_s"],
+             "servers": info["servers"], "busy_fraction": float(np.mean(
+                 [r.rollout_busy_fraction for r in results]))}
       rows.append(row)
       print(f"{regime:>9} {name:<10} measured {row['measured']:7.2f} samples/s | predicted "
             f"{row['predicted']:7.2f} (error {row['error']:5.1%}); rescaled by the alone "
@@ -331,6 +346,14 @@ def main(argv):
             f"{info['loadavg'][0]:.1f}-{info['loadavg'][1]:.1f} | per step, predicted/measured: "
             f"train {row['train_s'][0]:.3f}/{row['train_s'][1]:.3f}s, wait for data "
             f"{row['wait_s'][0]:.3f}/{row['wait_s'][1]:.3f}s", flush=True)
+      profile = info["servers"]
+      if profile is not None:  # a server restarted or none answered: nothing to compare
+        step = calibrated_step_s(cal, profile["live"], profile["servers"])
+        print(f"{'':>20} servers: decode iteration {profile['iteration_ms']:.3f} ms at "
+              f"{profile['live']:.1f} live (calibrated step there {step * 1e3:.3f} ms, "
+              f"x{slowdown.servers:.2f} rescaled {step * slowdown.servers * 1e3:.3f} ms), inside "
+              f"decode/prefill {profile['busy']:.2f} of the time (simulated: busy "
+              f"{row['busy_fraction']:.2f} of the whole run)", flush=True)
   with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(rows, f, indent=1)
   if not rows:
