@@ -6,7 +6,8 @@ test proves nothing (and flakes on a loaded machine). A process started with
   FLASHRL_FAILPOINTS="train@2=kill,published@3=corrupt,handoff@5=kill_server:0"
 
 fires each entry once, the first time its point is reached for that policy version, doing for real
-what the action names: `kill` SIGKILLs this process; `kill_server:i` SIGKILLs local rollout server
+what the action names: `kill` SIGKILLs the run (this process, and the controller when hit in a
+learner process: `RUN_PID_ENV`); `kill_server:i` SIGKILLs local rollout server
 i's process group; `kill_engine:i` stops server i's engine thread (its `/debug/kill_engine`, served
 only with `--enable_fault_injection`, which the run adds when a plan asks for it); `corrupt`
 truncates the weight file of the version directory at the point. The points:
@@ -34,6 +35,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 ENV = "FLASHRL_FAILPOINTS"
+# Set in a learner process's environment to the controller's pid: `kill` there kills the run.
+RUN_PID_ENV = "FLASHRL_RUN_PID"
 
 
 class Point(enum.Enum):
@@ -109,6 +112,9 @@ def hit(point: str, version: int, **context: Any) -> None:
 
 def _fire(fp: Failpoint, context: dict[str, Any]) -> None:
   if fp.action is Action.KILL:
+    run_pid = int(os.environ.get(RUN_PID_ENV, os.getpid()))
+    if run_pid != os.getpid():
+      os.kill(run_pid, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
   elif fp.action is Action.KILL_SERVER:
     context["servers"].kill(fp.server)

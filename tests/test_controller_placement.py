@@ -14,6 +14,15 @@ def test_one_server_per_rollout_core_when_num_servers_is_zero():
   split = plan_placement(config.replace(mode="async", async_ratio=2), [0, 1])  # 1 + 1 cores
   assert split.num_servers == 1 and split.server_cpus == ((0,),)
   assert split.trainer_cpus == (1,) and split.controller_cpus == (0,)
+  assert split.server_background == (False,)  # the trainer's core is its own
+  assert sync.server_background is None  # sync never trains while generating
+  # 2 + 1: a server on each core, the one on the trainer's core in the background.
+  shared = plan_placement(config.replace(mode="async", async_ratio=2,
+                                         resources=dataclasses.replace(
+                                             config.resources, rollout_devices=2,
+                                             train_devices=1)), [0, 1])
+  assert shared.server_cpus == ((0,), (1,)) and shared.trainer_cpus == (1,)
+  assert shared.server_background == (False, True)
   # An explicit count still shares the rollout core round-robin.
   two = config.replace(mode="async", rollout=dataclasses.replace(config.rollout, num_servers=2))
   assert plan_placement(two, [0, 1]).server_cpus == ((0,), (0,))

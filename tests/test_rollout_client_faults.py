@@ -145,18 +145,23 @@ def test_local_servers_pin_log_kill_restart(tmp_path):
   sets = split_cpus(2, cpus) if len(cpus) >= 2 else [cpus, cpus]
   with LocalServers.start("stub", 2, command=STUB_COMMAND, cpu_sets=sets,
                           extra_args=["--misbehave=non_json"], log_dir=str(tmp_path),
-                          startup_timeout_s=60) as servers:
+                          background=[False, True], startup_timeout_s=60) as servers:
     assert len(set(servers.urls)) == 2 and all(_healthy(u) for u in servers.urls)
     for i in range(2):
       assert os.sched_getaffinity(servers.pid(i)) == set(sets[i])
       with open(servers.log_path(i)) as f:
         assert "--misbehave=non_json" in f.read()
+    assert [os.sched_getscheduler(servers.pid(i)) for i in range(2)] == [os.SCHED_OTHER,
+                                                                          os.SCHED_IDLE]
     pid0 = servers.pid(0)
     servers.kill(0)
     assert servers.pid(0) is None and not _healthy(servers.urls[0])
     servers.restart(0)
     assert servers.pid(0) not in (None, pid0) and _healthy(servers.urls[0])
     assert os.sched_getaffinity(servers.pid(0)) == set(sets[0])
+    servers.kill(1)
+    servers.restart(1)  # a restarted server keeps its place and its scheduling class
+    assert os.sched_getscheduler(servers.pid(1)) == os.SCHED_IDLE
   assert all(servers.pid(i) is None for i in range(2)) and not _healthy(servers.urls[1])
 
 

@@ -23,7 +23,7 @@ previous one). With `--repeats > 1`, a mode's speedup is the median of its per-r
 the sync run of the same repeat.
 
   python -m experiments.benchmarks.async_vs_sync [--repeats=1] [--regimes=longtail,balanced]
-      [--async_ratios=1,2,4] [--async_splits=2+1]
+      [--async_ratios=1,2,4] [--async_splits=1+1]
 
 Last lines (paper regime, α = 2 the headline): `sync_rollout_share`, `longest_over_median`,
 `async_speedup_vs_sync_tokens`, `async_speedup_vs_sync`.
@@ -55,9 +55,11 @@ HEADLINE_REGIME, HEADLINE_RATIO = "longtail", 2
 _REGIME_FLAG = flags.DEFINE_list("regimes", list(_REGIMES), f"Regimes to run, of {list(_REGIMES)}.")
 _REPEATS = flags.DEFINE_integer("repeats", 1, "Interleaved repeats of every run (noise).")
 _RATIOS = flags.DEFINE_list("async_ratios", ["1", "2", "4"], "α values to measure.")
-_SPLITS = flags.DEFINE_list("async_splits", ["2+1"],
-                            "rollout+trainer cores for async (2+1: a server on each core, the "
-                            "trainer time-sharing one; the first split is the headline's).")
+_SPLITS = flags.DEFINE_list("async_splits", ["1+1"],
+                            "rollout+trainer cores for async (1+1: a server and the controller on "
+                            "one core, the learner process alone on the other; 2+1: a server on "
+                            "each core, the one on the trainer's core at the idle scheduling "
+                            "class; the first split is the headline's).")
 _STEPS = flags.DEFINE_integer("steps", None, "Steps per run (default: the regime's).")
 _WARMUP = flags.DEFINE_integer("warmup_steps", None, "Steps excluded from throughput (default: "
                                "the regime's).")

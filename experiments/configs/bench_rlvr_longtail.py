@@ -23,8 +23,10 @@ Why this shape:
 - The policy is warm-started on that distribution (as the balanced bench's is on its own), so the
   lengths are the policy's own: real generation, real training on every sample, an exact-match
   reward it can learn (short and medium answers are often right; long ones rarely are).
-- One rollout server per rollout core (`num_servers=0`): sync runs two (one per core), async on a
-  2 + 1 split two, on a 1 + 1 split one. Two servers sharing a core would give the same tokens/s
+- One rollout server per rollout core (`num_servers=0`): sync runs two (one per core), async on the
+  headline 1 + 1 split one (the learner process has the other core to itself: a server sharing the
+  trainer's core, even at the idle scheduling class, made its step about twice as long), on a
+  2 + 1 split two. Two servers sharing a core would give the same tokens/s
   but double the time a long response spends generating, which at α = 2 decides whether it meets
   its deadline.
 - 16 decode slots per server: a sync batch puts all its 16 requests per server in flight at once

@@ -18,6 +18,7 @@ from flashrl_jax.controller._config import (Mode, ResourceConfig, RolloutBackend
 from flashrl_jax.controller._counters import Counters, EpisodeCounts
 from flashrl_jax.controller._group_runner import GroupRunner
 from flashrl_jax.controller._learner import Learner
+from flashrl_jax.controller._learner_process import LearnerProcess, LearnerProcessError
 from flashrl_jax.controller._loops import Loop, to_trajectories
 from flashrl_jax.controller._metrics import MetricsLogger, read_metrics, step_sample_metrics
 from flashrl_jax.controller._overrides import (OverrideError, field_type, override,
@@ -31,7 +32,8 @@ from flashrl_jax.controller._source import PromptSource, task_source
 __all__ = [
     "AgentEpisode", "AgentPolicy", "AgentProxy", "AgenticConfig", "AgenticStats", "Counters",
     "DropCause", "EnvGroupRunner", "EpisodeCounts", "EpisodeDeps", "FixedLevel", "Group",
-    "GroupRunner", "Learner", "Loop", "MetricsLogger", "Mode", "OverrideError", "Placement",
+    "GroupRunner", "Learner", "LearnerProcess", "LearnerProcessError", "Loop", "MetricsLogger",
+    "Mode", "OverrideError", "Placement",
     "ProgressReporter", "PromptSource", "ResourceConfig", "Response", "RolloutBackend",
     "RolloutConfig", "RunConfig", "RunSummary", "TaskConfig", "chat_agent", "collect_lockstep",
     "field_type", "override", "parse_assignment", "plan_placement", "plot_run", "read_metrics",

@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+from typing import Any
 
 from flashrl_jax import envs
 from flashrl_jax._enums import parse_enum
+from flashrl_jax._overrides import apply_overrides
 from flashrl_jax.controller._agentic_config import AgenticConfig, AgentPolicy
 from flashrl_jax.fleet import PauseMode
 from flashrl_jax.trainer import TrainConfig
@@ -180,6 +182,10 @@ class RunConfig:
   # Compile the train step for every micro-batch count before step 1 (benchmarks: no compile
   # inside the timed steps; costs start-up time when most counts never occur).
   precompile: bool = False
+  # The trainer runs in a process of its own (`LearnerProcess`): sharing the controller's
+  # interpreter, its step waited for the GIL behind the event loop (3x slower in async runs).
+  # Off: in this process (debugging; a multi-process run's process 0 always trains in-process).
+  learner_process: bool = True
 
   def __post_init__(self):
     object.__setattr__(self, "mode", parse_enum(Mode, self.mode, "mode"))
@@ -211,3 +217,22 @@ class RunConfig:
 
   def resolved_workdir(self) -> str:
     return os.path.abspath(self.workdir)
+
+
+def config_to_json(config: Any) -> Any:
+  """A config tree as JSON values (enums by value); `config_from_json` inverts it for a RunConfig."""
+  if dataclasses.is_dataclass(config):
+    return {f.name: config_to_json(getattr(config, f.name)) for f in dataclasses.fields(config)}
+  if isinstance(config, enum.Enum):
+    return config.value
+  if isinstance(config, (list, tuple)):
+    return [config_to_json(v) for v in config]
+  return config
+
+
+def config_from_json(data: dict[str, Any]) -> RunConfig:
+  """The RunConfig that `config_to_json` wrote: every field set through the one override path (a
+  dict for a config-typed field is a whole new value of it), onto a placeholder naming each."""
+  base = RunConfig(model_path=data["model_path"], workdir=data["workdir"],
+                   task=TaskConfig(synthetic=envs.SyntheticConfig()))
+  return apply_overrides(base, data)

@@ -32,6 +32,8 @@ class Placement:
   controller_cpus: Cpus | None = None  # the event loop thread; None: same as the trainer
   server_cpus: tuple[Cpus, ...] | None = None  # one core set per local server (CPU only)
   server_env: tuple[dict[str, str], ...] | None = None  # per local server: its device variables
+  # Per local server: it shares a core with the trainer, which goes first (CPU async only).
+  server_background: tuple[bool, ...] | None = None
   environ: tuple[tuple[str, str], ...] = ()  # set in this process before JAX starts
   num_servers: int = 0  # local servers to start (0 for external SGLang servers)
 
@@ -53,8 +55,18 @@ def plan_placement(config: RunConfig, cores: Sequence[int]) -> Placement:
     if local:  # disjoint when there are enough, else round-robin over the rollout cores
       server_cpus = (_split(rollout_cores, n) if n <= len(rollout_cores)
                      else tuple((rollout_cores[i % len(rollout_cores)],) for i in range(n)))
-    return Placement(trainer_cpus=train_cores, controller_cpus=rollout_cores if is_async else None,
-                     server_cpus=server_cpus, server_env=None, num_servers=n if local else 0)
+    # A server on the trainer's core yields it to the trainer: every step waits for the trainer,
+    # while a step needs only the earliest-done of the servers' many requests. Under equal shares
+    # the shared core made a train step about twice its time alone (docs/benchmarks.md).
+    background = None
+    if is_async and server_cpus is not None:
+      background = tuple(bool(set(cpus) & set(train_cores)) for cpus in server_cpus)
+    controller_cpus = None
+    if is_async:
+      controller_cpus = tuple(c for c in rollout_cores if c not in train_cores) or rollout_cores
+    return Placement(trainer_cpus=train_cores, controller_cpus=controller_cpus,
+                     server_cpus=server_cpus, server_env=None, server_background=background,
+                     num_servers=n if local else 0)
   first = resources.rollout_devices if is_async else 0
   visible = ",".join(str(i) for i in range(first, first + resources.train_devices))
   variable = "CUDA_VISIBLE_DEVICES" if resources.platform == "gpu" else "TPU_VISIBLE_CHIPS"

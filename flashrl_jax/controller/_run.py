@@ -24,15 +24,18 @@ import socket
 import time
 from typing import Any, Callable
 
+import jax
+
 from flashrl_jax import _failpoints as failpoints
 from flashrl_jax import envs
 from flashrl_jax.controller._agent_proxy import AgentProxy
 from flashrl_jax.controller._agentic import make_env_runner
 from flashrl_jax.controller._agentic_config import AgentPolicy
-from flashrl_jax.controller._config import RolloutBackend, RunConfig
+from flashrl_jax.controller._config import RolloutBackend, RunConfig, config_to_json
 from flashrl_jax.controller._counters import Counters
 from flashrl_jax.controller._group_runner import GroupRunner
 from flashrl_jax.controller._learner import Learner, follow
+from flashrl_jax.controller._learner_process import LearnerProcess
 from flashrl_jax.controller._loops import Loop
 from flashrl_jax.controller._metrics import MetricsLogger, read_metrics
 from flashrl_jax.controller._placement import Placement, applied, plan_placement
@@ -46,16 +49,6 @@ from flashrl_jax.trainer import (DistributedConfig, ProcessGroup, initialize_dis
                                  shutdown_distributed)
 
 log = logging.getLogger(__name__)
-
-
-def config_to_json(config: Any) -> Any:
-  if dataclasses.is_dataclass(config):
-    return {f.name: config_to_json(getattr(config, f.name)) for f in dataclasses.fields(config)}
-  if isinstance(config, enum.Enum):
-    return config.value
-  if isinstance(config, (list, tuple)):
-    return [config_to_json(v) for v in config]
-  return config
 
 
 def _truncate_metrics(path: str, last_step: int) -> None:
@@ -95,7 +88,7 @@ def _start_servers(config: RunConfig, placement: Placement, log_dir: str, vocab_
   return LocalServers.start(config.model_path, placement.num_servers,
                             cpu_sets=placement.server_cpus,
                             server_env=placement.server_env, extra_args=extra, log_dir=log_dir,
-                            command=command,
+                            command=command, background=placement.server_background,
                             on_spawn=lambda servers: record_pids(pid_file, servers))
 
 
@@ -174,7 +167,12 @@ def _run(config: RunConfig, workdir: str, urls: list[str], servers: LocalServers
   tokenizer = load_tokenizer(config.model_path)
   model_config = read_config(config.model_path)
   source = PromptSource(task_source(config))
-  learner = Learner.create(config, workdir, task=source.task, group=group)
+  if group is None and config.learner_process:
+    # Started from this (main) thread, pinned to the trainer's cores: the child inherits both.
+    learner = LearnerProcess.start(config, workdir,
+                                   compilation_cache_dir=jax.config.jax_compilation_cache_dir)
+  else:
+    learner = Learner.create(config, workdir, task=source.task, group=group)
   counters, start_step = Counters(), 0
   extra = learner.restore()
   if extra is not None:

@@ -94,16 +94,18 @@ class LocalServers:
             env: dict[str, str] | None = None,
             server_env: Sequence[dict[str, str]] | None = None,
             command: Sequence[str] | None = None,
+            background: Sequence[bool] | None = None,
             on_spawn: Callable[[LocalServers], None] | None = None) -> LocalServers:
     """Starts `num_servers` processes of `python -m module --model_path=... --port=...` in parallel
     and waits for each to answer `GET /health` 200 (raising with its log tail if one dies).
 
     `command` replaces `python -m module` (e.g. `[python, path/to/_stub.py]`); the flags follow it.
     `server_env[i]`: server i's device variables, planned by the caller (instead of `device_env`
-    from `gpu_ids` / `tpu_ids`).
+    from `gpu_ids` / `tpu_ids`). `background[i]`: server i runs at the idle scheduling class
+    (`SCHED_IDLE`): on a core it shares with a trainer it takes only the cycles the trainer leaves.
     """
     for name, per in (("cpu_sets", cpu_sets), ("gpu_ids", gpu_ids), ("tpu_ids", tpu_ids),
-                      ("server_env", server_env)):
+                      ("server_env", server_env), ("background", background)):
       if per is not None and len(per) != num_servers:
         raise ValueError(f"{name} has {len(per)} entries for {num_servers} servers")
     if gpu_ids is not None and tpu_ids is not None:
@@ -121,6 +123,8 @@ class LocalServers:
         penv.setdefault("OMP_NUM_THREADS", str(len(cpus)))
       # taskset pins before exec; a preexec_fn would fork a (multithreaded, JAX-importing) parent.
       pin = ("taskset", "-c", ",".join(map(str, cpus))) if cpus else ()
+      if background is not None and background[i]:  # runs only when its cores have nothing else
+        pin = ("chrt", "--idle", "0", *pin)
       argv = (*pin, *(command or (python, "-m", module)), f"--model_path={model_path}",
               f"--port={port}", f"--host={host}", *extra_args)
       specs.append(ServerSpec(argv, tuple(sorted(penv.items())), cpus, f"http://{host}:{port}",

@@ -15,7 +15,8 @@ from flashrl_jax.trainer._config import (AdvantageEstimator, BatchConfig, DType,
 from flashrl_jax.trainer._distributed import (AUTO, DistributedConfig, first_slurm_host,
                                               host_to_global, initialize_distributed,
                                               shutdown_distributed, to_host, tree_to_global)
-from flashrl_jax.trainer._group import EXIT_LOST, Message, Op, ProcessGroup
+from flashrl_jax.trainer._group import (EXIT_LOST, Message, Op, ProcessGroup, receive_message,
+                                       send_message)
 from flashrl_jax.trainer._export import (CorruptVersionError, VersionStore, export_version,
                                          verify_version, version_dirname)
 from flashrl_jax.trainer._mesh import AXES, MeshConfig, make_mesh
@@ -40,7 +41,7 @@ __all__ = [
     "make_train_step", "merge_model", "MeshConfig", "Message", "micro_batch_loss",
     "micro_batch_ladder", "minibatch_gradients", "minibatch_order", "named_sharding", "Op",
     "OptimizerConfig", "pack",
-    "ProcessGroup", "random_trajectories", "replicated", "ROLLOUT_RULES", "Rules", "Schedule",
+    "ProcessGroup", "random_trajectories", "receive_message", "send_message", "replicated", "ROLLOUT_RULES", "Rules", "Schedule",
     "shard_fn", "shutdown_distributed", "state_shardings", "to_host", "TRAIN_RULES",
     "train_state_shardings", "train_step", "TrainConfig", "Trainer", "TrainState", "Trajectory",
     "tree_to_global", "verify_version", "version_dirname", "VersionStore",

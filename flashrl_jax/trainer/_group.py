@@ -53,6 +53,13 @@ class Op(enum.Enum):
   EVALUATE = "evaluate"  # the held-out evaluation
   STOP = "stop"          # the run is over (args: error, None when it finished)
   LOST = "lost"          # process `args["process"]` is gone (sent by process 0)
+  # A learner in its own process (`controller.LearnerProcess`) also takes these, and answers each
+  # request with RESULT or ERROR.
+  REEXPORT = "reexport"  # export the current version again (the servers refused it)
+  HOLD = "hold"          # keep version `args["version"]`'s export (one-way)
+  COLLECT = "collect"    # delete exports nothing needs (one-way)
+  RESULT = "result"      # the answer: args["value"], args["policy_version"]
+  ERROR = "error"        # the request failed: args["type"], args["message"], args["traceback"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +86,17 @@ class Message:
       arrays[name] = np.frombuffer(payload[offset:offset + size], dtype).reshape(shape).copy()
       offset += size
     return cls(Op(header["op"]), header["args"], arrays)
+
+
+def send_message(sock: socket.socket, message: Message) -> None:
+  """Writes one framed message to a stream socket."""
+  _send_frame(sock, message.encode())
+
+
+def receive_message(sock: socket.socket) -> Message | None:
+  """Reads one framed message; None when the other end closed the stream."""
+  payload = _recv_frame(sock)
+  return None if payload is None else Message.decode(payload)
 
 
 def _send_frame(sock: socket.socket, payload: bytes) -> None:
