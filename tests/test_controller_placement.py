@@ -32,3 +32,32 @@ def test_negative_server_count_is_refused():
   import pytest
   with pytest.raises(ValueError, match="num_servers must be >= 0"):
     RolloutConfig(num_servers=-1)
+
+
+def test_gpu_placement_separates_or_shares_the_accelerators():
+  """Async gives the trainer the GPUs after the rollout ones; `share_accelerators` (and sync mode)
+  gives it the first ones, which the servers use too: one GPU serves both, as in sync mode."""
+  from flashrl_jax.controller import ResourceConfig
+  config = bench_rlvr_longtail.get_config()
+  on_gpu = lambda mode, **kw: config.replace(
+      mode=mode, async_ratio=2 if mode == "async" else 0,
+      resources=ResourceConfig(platform="gpu", **kw))
+  split = plan_placement(on_gpu("async", rollout_devices=2, train_devices=1), range(8))
+  assert split.num_servers == 2
+  assert [env["CUDA_VISIBLE_DEVICES"] for env in split.server_env] == ["0", "1"]
+  assert dict(split.environ) == {"CUDA_VISIBLE_DEVICES": "2"}
+  assert split.trainer_cpus is None and split.server_cpus is None  # no core pinning on GPU
+  shared = plan_placement(on_gpu("async", rollout_devices=1, train_devices=1,
+                                 share_accelerators=True), range(8))
+  assert [env["CUDA_VISIBLE_DEVICES"] for env in shared.server_env] == ["0"]
+  assert dict(shared.environ) == {"CUDA_VISIBLE_DEVICES": "0"}
+  sync = plan_placement(on_gpu("sync"), range(8))
+  assert dict(sync.environ) == dict(shared.environ)
+  assert sync.server_env == shared.server_env
+
+
+def test_sharing_accelerators_is_refused_on_cpu():
+  import pytest
+  from flashrl_jax.controller import ResourceConfig
+  with pytest.raises(ValueError, match="share_accelerators is for GPU/TPU"):
+    ResourceConfig(platform="cpu", share_accelerators=True)

@@ -82,18 +82,24 @@ class ResourceConfig:
 
   On CPU a "device" is a core: async mode pins rollout servers and the trainer to disjoint cores
   (`rollout_devices` + `train_devices` must fit the machine); sync mode time-shares all of them,
-  which is the same total budget. On GPU/TPU the launcher sets the visible-device variables.
+  which is the same total budget. On GPU/TPU the launcher sets the visible-device variables:
+  in async mode the trainer sees the accelerators after the rollout ones, unless
+  `share_accelerators`, when it sees the first `train_devices` of them, as sync mode does, and the
+  servers and the trainer time-share them (one GPU for both: the same resources as sync).
   """
 
   rollout_devices: int = 1
   train_devices: int = 1
   platform: str = "cpu"
+  share_accelerators: bool = False
 
   def __post_init__(self):
     if self.rollout_devices < 1 or self.train_devices < 1:
       raise ValueError("rollout_devices and train_devices must be >= 1.")
     if self.platform not in ("cpu", "gpu", "tpu"):
       raise ValueError(f"platform must be cpu, gpu or tpu, got {self.platform!r}.")
+    if self.share_accelerators and self.platform == "cpu":
+      raise ValueError("share_accelerators is for GPU/TPU; on CPU, sync mode shares the cores.")
 
   def cpu_split(self, available: list[int]) -> tuple[list[int], list[int]]:
     """(rollout cores, trainer cores); overlapping only when the machine is too small."""

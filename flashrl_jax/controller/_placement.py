@@ -9,7 +9,8 @@ them once, at the entry of `run`, and undoes them on exit.
 CPU: in async mode rollout servers and the trainer get disjoint cores (`ResourceConfig.cpu_split`),
 and the controller's event loop runs on the rollout side's cores so the trainer's core is its own;
 sync mode time-shares every core, which is the same budget. GPU/TPU: accelerators 0..R-1 serve
-rollout (split evenly over the servers) and the trainer sees R..R+T-1 (all of 0..T-1 in sync mode).
+rollout (split evenly over the servers) and the trainer sees R..R+T-1 (0..T-1 in sync mode, and in
+async mode with `share_accelerators`).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def plan_placement(config: RunConfig, cores: Sequence[int]) -> Placement:
     return Placement(trainer_cpus=train_cores, controller_cpus=controller_cpus,
                      server_cpus=server_cpus, server_env=None, server_background=background,
                      num_servers=n if local else 0)
-  first = resources.rollout_devices if is_async else 0
+  first = resources.rollout_devices if is_async and not resources.share_accelerators else 0
   visible = ",".join(str(i) for i in range(first, first + resources.train_devices))
   variable = "CUDA_VISIBLE_DEVICES" if resources.platform == "gpu" else "TPU_VISIBLE_CHIPS"
   server_env = None
