@@ -13,7 +13,12 @@ def test_one_server_per_rollout_core_when_num_servers_is_zero():
   assert sync.num_servers == 2 and sync.server_cpus == ((0,), (1,))
   split = plan_placement(config.replace(mode="async", async_ratio=2), [0, 1])  # 1 + 1 cores
   assert split.num_servers == 1 and split.server_cpus == ((0,),)
-  assert split.trainer_cpus == (1,) and split.controller_cpus == (0,)
+  # The event loop runs with the learner process (None: the trainer's cores), off the server's.
+  assert split.trainer_cpus == (1,) and split.controller_cpus is None
+  # A trainer inside the controller's process keeps the loop off its core (the GIL is shared).
+  in_process = plan_placement(config.replace(mode="async", async_ratio=2, learner_process=False),
+                              [0, 1])
+  assert in_process.trainer_cpus == (1,) and in_process.controller_cpus == (0,)
   assert split.server_background == (False,)  # the trainer's core is its own
   assert sync.server_background is None  # sync never trains while generating
   # 2 + 1: a server on each core, the one on the trainer's core in the background.

@@ -61,8 +61,8 @@ _REGIME_FLAG = flags.DEFINE_list("regimes", list(_REGIMES), f"Regimes to run, of
 _REPEATS = flags.DEFINE_integer("repeats", 1, "Interleaved repeats of every run (noise).")
 _RATIOS = flags.DEFINE_list("async_ratios", ["1", "2", "4"], "α values to measure.")
 _SPLITS = flags.DEFINE_list("async_splits", ["1+1"],
-                            "rollout+trainer cores for async (1+1: a server and the controller on "
-                            "one core, the learner process alone on the other; 2+1: a server on "
+                            "rollout+trainer cores for async (1+1: a server alone on one core, "
+                            "the learner process and the controller on the other; 2+1: a server on "
                             "each core, the one on the trainer's core at the idle scheduling "
                             "class; the first split is the headline's).")
 _STEPS = flags.DEFINE_integer("steps", None, "Steps per run (default: the regime's).")

@@ -7,8 +7,8 @@ pure function of the config and the machine, so they can be read and tested; `ap
 them once, at the entry of `run`, and undoes them on exit.
 
 CPU: in async mode rollout servers and the trainer get disjoint cores (`ResourceConfig.cpu_split`),
-and the controller's event loop runs on the rollout side's cores so the trainer's core is its own;
-sync mode time-shares every core, which is the same budget. GPU/TPU: accelerators 0..R-1 serve
+and the controller's event loop runs on the trainer's cores (on the rollout side's when the trainer
+shares the controller's process); sync mode time-shares every core, which is the same budget. GPU/TPU: accelerators 0..R-1 serve
 rollout (split evenly over the servers) and the trainer sees R..R+T-1 (0..T-1 in sync mode, and in
 async mode with `share_accelerators`).
 """
@@ -62,8 +62,13 @@ def plan_placement(config: RunConfig, cores: Sequence[int]) -> Placement:
     background = None
     if is_async and server_cpus is not None:
       background = tuple(bool(set(cpus) & set(train_cores)) for cpus in server_cpus)
+    # The controller's event loop runs with the trainer when the learner has a process of its own:
+    # async's step is bounded by how fast the servers finish the longest response due by α, and
+    # the loop beside the server slowed its decode more than the loop beside the trainer slowed
+    # training (docs/benchmarks.md). A learner in this process (a multi-process run's process 0)
+    # would wait for the loop's interpreter lock, so the loop goes to the rollout cores there.
     controller_cpus = None
-    if is_async:
+    if is_async and not config.learner_process:
       controller_cpus = tuple(c for c in rollout_cores if c not in train_cores) or rollout_cores
     return Placement(trainer_cpus=train_cores, controller_cpus=controller_cpus,
                      server_cpus=server_cpus, server_env=None, server_background=background,

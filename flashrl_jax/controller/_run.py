@@ -193,9 +193,9 @@ def _run(config: RunConfig, workdir: str, urls: list[str], servers: LocalServers
 
   async def main() -> None:
     if placement.controller_cpus is not None:
-      # CPU async: the event loop (client streaming, dispatch, scoring) runs on the rollout side's
-      # cores, and every `asyncio.to_thread` call (training, export, evaluation) on this process's
-      # own, so the trainer's core is not shared with the controller.
+      # CPU async with the trainer in this process: the event loop (client streaming, dispatch,
+      # scoring) runs on the rollout side's cores, and every `asyncio.to_thread` call (training,
+      # export, evaluation) on this process's own, so the trainer's core is not shared with it.
       train_cores = sorted(os.sched_getaffinity(0))
       asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(
           thread_name_prefix="trainer", initializer=os.sched_setaffinity, initargs=(0, train_cores)))
