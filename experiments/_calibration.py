@@ -99,13 +99,25 @@ def cpu_times(pids) -> tuple[float, float]:
   return run / 1e9, wait / 1e9
 
 
+LEARNER_MARK = "flashrl_jax.controller._learner_process"  # in the learner process's command line
+
+
 def processes(root: int) -> tuple[list[int], list[int]]:
-  """([root], its descendants' pids): a run's (or a calibration's) own process and its servers."""
+  """(the trainer side, the rollout side): `root` with its learner process (a run's trainer
+  runs there, `LearnerProcess`), and its other descendants (its servers)."""
   import psutil
+  trainer, servers = [root], []
   try:
-    return [root], [c.pid for c in psutil.Process(root).children(recursive=True)]
+    children = psutil.Process(root).children(recursive=True)
   except psutil.Error:
-    return [root], []
+    return trainer, servers
+  for child in children:
+    try:
+      is_learner = any(LEARNER_MARK in part for part in child.cmdline())
+    except psutil.Error:  # gone: it counts nothing either way
+      continue
+    (trainer if is_learner else servers).append(child.pid)
+  return trainer, servers
 
 
 def contention(before: tuple[float, float], after: tuple[float, float]) -> float:

@@ -120,9 +120,13 @@ def test_cpu_times_follow_a_process_tree():
   # A child found under its parent, its CPU time read from the kernel and growing with its work;
   # a process that is gone counts nothing (the run's servers stop before the last reading).
   child = subprocess.Popen([sys.executable, "-c", "while True: sum(i * i for i in range(10**5))"])
+  # A run's learner process (found by its command line) is the trainer side, not a server.
+  learner = subprocess.Popen([sys.executable, "-c", f"# {_calibration.LEARNER_MARK}\n"
+                              "import time; time.sleep(600)"])
   try:
     own, descendants = _calibration.processes(os.getpid())
-    assert own == [os.getpid()] and child.pid in descendants
+    assert own == [os.getpid(), learner.pid] and child.pid in descendants
+    assert learner.pid not in descendants
     first = _calibration.cpu_times([child.pid])
     deadline = time.monotonic() + 60
     while _calibration.cpu_times([child.pid])[0] <= first[0] and time.monotonic() < deadline:
@@ -131,8 +135,9 @@ def test_cpu_times_follow_a_process_tree():
     assert later[0] > first[0] and later[1] >= first[1]
     assert _calibration.contention(first, later) >= 1.0
   finally:
-    child.kill()
-    child.wait()
+    for proc in (child, learner):
+      proc.kill()
+      proc.wait()
   assert _calibration.cpu_times([child.pid]) == (0.0, 0.0)
   assert _calibration.contention((1.0, 1.0), (1.0, 5.0)) == 1.0  # no CPU time: nothing to scale
 
