@@ -85,8 +85,11 @@ def test_layouts_follow_the_runs_placement():
   assert len(sync.workers) == 2
   split = _calibration.load_config(path, mode="async", async_ratio=2)
   async_ = _calibration.layout(split, [0, 1])
-  assert async_.server_cpus == ((0,), (0,)) and async_.client_cpus == (0,)
+  # The event loop runs beside the learner process (None: on the trainer's cores), as in a run.
+  assert async_.server_cpus == ((0,), (0,)) and async_.client_cpus is None
   assert async_.train_cpus == (1,) and len(async_.workers) == 1
+  in_process = _calibration.layout(split.replace(learner_process=False), [0, 1])
+  assert in_process.client_cpus == (0,)
 
 
 def test_measured_throughput_skips_the_warmup(tmp_path):
