@@ -103,21 +103,23 @@ LEARNER_MARK = "flashrl_jax.controller._learner_process"  # in the learner proce
 
 
 def processes(root: int) -> tuple[list[int], list[int]]:
-  """(the trainer side, the rollout side): `root` with its learner process (a run's trainer
-  runs there, `LearnerProcess`), and its other descendants (its servers)."""
+  """(the trainer's process, the servers): a run's learner process (`LearnerProcess`, where its
+  trainer runs) if it has one, else `root` itself (a calibration, or a run training in-process);
+  and `root`'s other descendants. The controller's own process is on neither side when the learner
+  has its own: what its event loop takes from the learner's core shows in the learner's wait."""
   import psutil
-  trainer, servers = [root], []
+  learners, servers = [], []
   try:
     children = psutil.Process(root).children(recursive=True)
   except psutil.Error:
-    return trainer, servers
+    return [root], servers
   for child in children:
     try:
       is_learner = any(LEARNER_MARK in part for part in child.cmdline())
     except psutil.Error:  # gone: it counts nothing either way
       continue
-    (trainer if is_learner else servers).append(child.pid)
-  return trainer, servers
+    (learners if is_learner else servers).append(child.pid)
+  return learners or [root], servers
 
 
 def contention(before: tuple[float, float], after: tuple[float, float]) -> float:

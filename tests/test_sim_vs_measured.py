@@ -123,13 +123,15 @@ def test_cpu_times_follow_a_process_tree():
   # A child found under its parent, its CPU time read from the kernel and growing with its work;
   # a process that is gone counts nothing (the run's servers stop before the last reading).
   child = subprocess.Popen([sys.executable, "-c", "while True: sum(i * i for i in range(10**5))"])
-  # A run's learner process (found by its command line) is the trainer side, not a server.
-  learner = subprocess.Popen([sys.executable, "-c", f"# {_calibration.LEARNER_MARK}\n"
-                              "import time; time.sleep(600)"])
+  learner = None
   try:
     own, descendants = _calibration.processes(os.getpid())
-    assert own == [os.getpid(), learner.pid] and child.pid in descendants
-    assert learner.pid not in descendants
+    assert own == [os.getpid()] and child.pid in descendants
+    # A run's learner process (found by its command line) is the trainer side, not a server.
+    learner = subprocess.Popen([sys.executable, "-c", f"# {_calibration.LEARNER_MARK}\n"
+                                "import time; time.sleep(600)"])
+    trainer, descendants = _calibration.processes(os.getpid())
+    assert trainer == [learner.pid] and descendants == [child.pid]
     first = _calibration.cpu_times([child.pid])
     deadline = time.monotonic() + 60
     while _calibration.cpu_times([child.pid])[0] <= first[0] and time.monotonic() < deadline:
@@ -139,8 +141,9 @@ def test_cpu_times_follow_a_process_tree():
     assert _calibration.contention(first, later) >= 1.0
   finally:
     for proc in (child, learner):
-      proc.kill()
-      proc.wait()
+      if proc is not None:
+        proc.kill()
+        proc.wait()
   assert _calibration.cpu_times([child.pid]) == (0.0, 0.0)
   assert _calibration.contention((1.0, 1.0), (1.0, 5.0)) == 1.0  # no CPU time: nothing to scale
 
@@ -195,6 +198,11 @@ def test_async_reference_holds_the_sharing_for_the_time_it_is_shared():
   assert calm == Contention(1.5, 1.2)
   with pytest.raises(ValueError, match="overlap"):
     sim_vs_measured.reference_contention(cal, "async")
+  # A layout sharing no core (1+1: no interference measured) is referenced alone, as sync.
+  unshared = _calibration_of(length=50, step_s=0.004, train_s=0.05)
+  unshared["rollout"]["contention"], unshared["trainer"]["alone"]["contention"] = 1.5, 1.2
+  assert sim_vs_measured.reference_contention(unshared, "async", Overlap(1.0, 1.0)) == \
+      Contention(1.5, 1.2)
 
 
 def test_an_async_run_that_meets_only_the_calibrated_sharing_is_not_rescaled():

@@ -129,8 +129,10 @@ def reference_contention(calibration: dict, mode: str, overlap: Overlap | None =
                          ) -> Contention:
   """The contention the calibrated costs stand for, as a run with `overlap` would meet it.
 
-  Sync: the decode's and the train step's, measured alone (a sync run's phases do not overlap).
-  Async: the trainer shares a core with a server, so a run's contention holds that sharing while
+  Sync: the decode's and the train step's, measured alone (a sync run's phases do not overlap);
+  so is an async layout whose servers have their cores to themselves (no interference measured:
+  what the controller's loop takes from the trainer's core is then in the run's contention).
+  Async with a core shared: the trainer shares a core with a server, so a run's contention holds that sharing while
   both sides work; the calibrated interference factors already charge it, so the reference holds it
   too, for the same share of the time. The sharing is the ratio beside / alone of contentions taken
   in one measurement each (background load of that moment cancels), applied to the alone
@@ -141,6 +143,8 @@ def reference_contention(calibration: dict, mode: str, overlap: Overlap | None =
     return alone
   if overlap is None:
     raise ValueError("an async reference needs the simulated overlap of training and rollout")
+  if "beside_train" not in ro:  # no core shared by the sides (1+1: the servers' core is theirs)
+    return alone
   beside = ro["beside_train"]
   servers_sharing = max(beside["contention_beside"] / beside["contention_alone"], 1.0)
   trainer_sharing = max(tr["beside_rollout"]["contention"] / alone.trainer, 1.0)
@@ -225,8 +229,8 @@ def run(config_path: str, workdir: str, mode: str, alpha: int, steps: int, warmu
     while proc.poll() is None:
       count = _lines(metrics)
       if count != seen and count >= warmup:
-        own, servers = _calibration.processes(proc.pid)
-        snapshots[count] = (_calibration.cpu_times(own), _calibration.cpu_times(servers))
+        trainer, servers = _calibration.processes(proc.pid)
+        snapshots[count] = (_calibration.cpu_times(trainer), _calibration.cpu_times(servers))
       seen = count
       time.sleep(0.05)
   wall = time.perf_counter() - start
