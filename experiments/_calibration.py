@@ -185,16 +185,22 @@ def _nondecreasing(values: list[float], floor: float = 1e-6) -> list[float]:
 
 
 def fit_train(tokens, seconds) -> tuple[tuple[int, int], list[float]]:
-  """Train-step seconds at the fewest and most tokens measured: least squares through the mean,
-  the slope kept >= 0 (noise can tilt a narrow token range), without the steps that took over 3x
-  the median (a compilation or a descheduled thread: a 3-5 s step among 0.05 s ones, seen), which
-  a run's step pays once if at all."""
+  """Train-step seconds at the fewest and most tokens measured: a Theil-Sen line (the median of
+  the pairwise slopes, kept >= 0, through the median residual), without the steps that took over
+  3x the median (a compilation or a descheduled thread: a 3-5 s step among 0.05 s ones, seen),
+  which a run's step pays once if at all. Medians, not least squares: two of twelve steps slowed
+  1.7x and 2.9x by the shared machine tilted a least-squares line to 0.032-0.073 s where the
+  other ten lay on 0.026-0.059 s (a calibration of 2026-11-26)."""
   t, s = np.asarray(tokens, float), np.asarray(seconds, float)
   typical = s <= 3 * np.median(s)
   t, s = t[typical], s[typical]
-  slope = max(float(np.polyfit(t, s, 1)[0]), 0.0) if np.ptp(t) > 0 else 0.0
+  i, j = np.triu_indices(len(t), k=1)
+  apart = t[j] != t[i]
+  slope = (max(float(np.median((s[j] - s[i])[apart] / (t[j] - t[i])[apart])), 0.0)
+           if apart.any() else 0.0)
+  intercept = float(np.median(s - slope * t))
   lo, hi = int(t.min()), max(int(t.max()), int(t.min()) + 1)
-  return (lo, hi), [max(float(s.mean() + slope * (x - t.mean())), 0.0) for x in (lo, hi)]
+  return (lo, hi), [max(intercept + slope * x, 0.0) for x in (lo, hi)]
 
 
 class _Bench:

@@ -159,6 +159,21 @@ def test_train_fit_ignores_a_compiling_step():
   assert fit == pytest.approx([0.06, 0.08], rel=1e-6)
 
 
+def test_train_fit_is_not_tilted_by_slowed_steps():
+  # A real calibration's twelve steps (2026-11-26): ten on the micro-batch ladder, two slowed by
+  # the shared machine (880 tokens 0.075 s, 2582 tokens 0.123 s, both under the 3x cut). The fit
+  # follows the ten: under 0.029 s at 880 tokens and about 0.06 s at 2796 (least squares gave
+  # 0.032 and 0.073).
+  tokens = [1168, 1670, 2582, 2568, 2796, 1765, 1896, 1114, 880, 1618, 1772, 1734]
+  seconds = [0.026, 0.04, 0.123, 0.059, 0.059, 0.044, 0.04, 0.026, 0.075, 0.043, 0.042, 0.043]
+  (lo, hi), fit = _calibration.fit_train(tokens, seconds)
+  assert (lo, hi) == (880, 2796)
+  assert 0.015 < fit[0] < 0.029 and 0.055 < fit[1] < 0.066
+  # Steps that all took the same time whatever their tokens: a flat line, not a negative slope.
+  assert _calibration.fit_train([1000, 2000, 3000], [0.05, 0.05, 0.04])[1] == \
+      pytest.approx([0.05, 0.05])
+
+
 def test_contention_over_two_phases_is_the_wall_weighted_harmonic_mean():
   # 1 s of wall time at contention 1 (1 s on a CPU) and 1 s at 2 (0.5 s on a CPU): 2 s of wall
   # time for 1.5 s of CPU time, 4/3 (the arithmetic mean would say 1.5).
