@@ -8,9 +8,9 @@ them once, at the entry of `run`, and undoes them on exit.
 
 CPU: in async mode rollout servers and the trainer get disjoint cores (`ResourceConfig.cpu_split`),
 and the controller's event loop runs on the trainer's cores (on the rollout side's when the trainer
-shares the controller's process); sync mode time-shares every core, which is the same budget. GPU/TPU: accelerators 0..R-1 serve
-rollout (split evenly over the servers) and the trainer sees R..R+T-1 (0..T-1 in sync mode, and in
-async mode with `share_accelerators`).
+shares the controller's process); sync mode time-shares every core, which is the same budget.
+GPU/TPU: accelerators 0..R-1 serve rollout (split evenly over the servers) and the trainer sees
+R..R+T-1 (0..T-1 in sync mode, and in async mode with `share_accelerators`).
 """
 
 from __future__ import annotations
