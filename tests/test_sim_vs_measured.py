@@ -131,7 +131,8 @@ def test_cpu_times_follow_a_process_tree():
     learner = subprocess.Popen([sys.executable, "-c", f"# {_calibration.LEARNER_MARK}\n"
                                 "import time; time.sleep(600)"])
     trainer, descendants = _calibration.processes(os.getpid())
-    assert trainer == [learner.pid] and descendants == [child.pid]
+    assert trainer == [learner.pid] and child.pid in descendants  # (and any other child of pytest)
+    assert learner.pid not in descendants
     first = _calibration.cpu_times([child.pid])
     deadline = time.monotonic() + 60
     while _calibration.cpu_times([child.pid])[0] <= first[0] and time.monotonic() < deadline:
