@@ -66,3 +66,12 @@ def test_sharing_accelerators_is_refused_on_cpu():
   from flashrl_jax.controller import ResourceConfig
   with pytest.raises(ValueError, match="share_accelerators is for GPU/TPU"):
     ResourceConfig(platform="cpu", share_accelerators=True)
+
+
+def test_a_run_meant_for_an_accelerator_refuses_the_cpu_backend():
+  # JAX falls back to the CPU when no GPU is visible: the learner says so instead of training there.
+  import pytest
+  from flashrl_jax.controller._learner import check_backend
+  check_backend("cpu")  # this machine's backend
+  with pytest.raises(RuntimeError, match="resources.platform is 'gpu' but JAX's backend"):
+    check_backend("gpu")

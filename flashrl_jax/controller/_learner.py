@@ -21,6 +21,8 @@ import os
 import shutil
 from typing import Any, Callable
 
+import jax
+
 from flashrl_jax import envs
 from flashrl_jax.controller._config import RunConfig
 from flashrl_jax.controller._eval import held_out_accuracy
@@ -58,6 +60,7 @@ class Learner:
     held-out sets are evaluated); built from the config when not given."""
     if group is not None and group.is_leader:
       group.send(Message(Op.INIT))
+    check_backend(config.resources.platform)
     model_config = read_config(config.model_path)
     mesh = make_mesh(MeshConfig.parse(config.mesh))
     trainer = Trainer(model_config, config.train, mesh, seed=config.seed,
@@ -220,3 +223,14 @@ def follow(config: RunConfig, workdir: str, group: ProcessGroup) -> None:
         raise RuntimeError(f"process 0 stopped the run: {message.args['error']}")
       return
     learner._run_op(message)  # pylint: disable=protected-access
+
+
+def check_backend(platform: str) -> None:
+  """Refuses to train on another backend than the config's: JAX falls back to the CPU when no GPU
+  or TPU is visible, and a run meant for an accelerator would otherwise train on the CPU quietly."""
+  backend = jax.default_backend()
+  if backend != platform:
+    raise RuntimeError(f"resources.platform is {platform!r} but JAX's backend in the trainer is "
+                       f"{backend!r} (devices {jax.devices()}): is the accelerator visible here "
+                       f"(CUDA_VISIBLE_DEVICES / TPU_VISIBLE_CHIPS) and JAX's plugin for it "
+                       f"installed?")
