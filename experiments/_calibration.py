@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from flashrl_jax.controller import RunConfig
+from flashrl_jax.controller import LearnerProcess, RunConfig
 
 _PROBE_N = 300_000  # ~20-40 ms of pure-Python work on an idle core of this machine
 
@@ -99,7 +99,7 @@ def cpu_times(pids) -> tuple[float, float]:
   return run / 1e9, wait / 1e9
 
 
-LEARNER_MARK = "flashrl_jax.controller._learner_process"  # in the learner process's command line
+LEARNER_MARK = LearnerProcess.__module__  # the learner process's command line names it
 
 
 def processes(root: int) -> tuple[list[int], list[int]]:

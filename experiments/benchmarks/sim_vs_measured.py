@@ -132,9 +132,9 @@ def reference_contention(calibration: dict, mode: str, overlap: Overlap | None =
   Sync: the decode's and the train step's, measured alone (a sync run's phases do not overlap);
   so is an async layout whose servers have their cores to themselves (no interference measured:
   what the controller's loop takes from the trainer's core is then in the run's contention).
-  Async with a core shared: the trainer shares a core with a server, so a run's contention holds that sharing while
-  both sides work; the calibrated interference factors already charge it, so the reference holds it
-  too, for the same share of the time. The sharing is the ratio beside / alone of contentions taken
+  Async with a core shared: the trainer shares a core with a server, so a run's contention holds
+  that sharing while both sides work; the calibrated interference factors already charge it, so
+  the reference holds it too, for the same share of the time. The sharing is the ratio beside / alone of contentions taken
   in one measurement each (background load of that moment cancels), applied to the alone
   contention the costs were measured at: run / reference then leaves the background load only."""
   ro, tr = calibration["rollout"], calibration["trainer"]

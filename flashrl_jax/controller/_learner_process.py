@@ -68,7 +68,7 @@ class LearnerProcess:
     built (raises `LearnerProcessError` with the child's error if it could not be)."""
     ours, theirs = socket.socketpair()
     env = dict(os.environ, **{failpoints.RUN_PID_ENV: str(os.getpid())})
-    entry = "from flashrl_jax.controller._learner_process import main; main()"
+    entry = f"from {__name__} import main; main()"  # its command line names this module
     proc = subprocess.Popen([sys.executable, "-c", entry, str(theirs.fileno())],
                             pass_fds=(theirs.fileno(),), env=env)
     theirs.close()
