@@ -18,10 +18,12 @@ worker threads on the trainer's), and measures:
   run's publish meets) and with every slot decoding (an async run's);
 - the train step and the HF export (`Trainer.update`, `VersionStore.export`) on batches drawn from
   those lengths, as a function of trained tokens, with the servers idle;
-- async layout only, the interference of trainer and rollout client, which share one Python process
-  (and its interpreter lock) in an async run: the train step while the client keeps every slot
-  decoding, and a full rollout batch while the trainer trains (measured: each about 1.5-2x slower
-  on this machine; see docs/simulator.md).
+- async layout only, the interference of trainer and rollout client: the train step while the
+  client keeps every slot decoding, and a full rollout batch while the trainer trains. They meet
+  where the run makes them meet: with a learner process (`RunConfig.learner_process`, the default)
+  the trainer is one, started as the run starts it, and the event loop shares its core (1+1) or a
+  server does too (2+1); without one, trainer and client share this process and its interpreter
+  lock (measured: each about 1.5-2x slower on this machine; see docs/simulator.md).
 
 The CPU contention the servers met while the decode was timed, and the trainer while its step was
 (the kernel's per-thread time on a CPU and time waiting for one, `contention`), is recorded, so a
@@ -203,13 +205,82 @@ def fit_train(tokens, seconds) -> tuple[tuple[int, int], list[float]]:
   return (lo, hi), [max(intercept + slope * x, 0.0) for x in (lo, hi)]
 
 
+class _InProcessTrainer:
+  """The trainer in this process, as a run without a learner process has it: its update, and the
+  export as `Learner.export` writes it (worker threads of the event loop call both)."""
+
+  def __init__(self, config: RunConfig):
+    from flashrl_jax.model import read_config
+    from flashrl_jax.trainer import MeshConfig, Trainer, VersionStore, make_mesh
+    self.trainer = Trainer(read_config(config.model_path), config.train,
+                           make_mesh(MeshConfig.parse(config.mesh)), seed=config.seed,
+                           init_params=config.model_path)
+    self.store = VersionStore(tempfile.mkdtemp(prefix="calib_versions_"))
+    self.pid = os.getpid()  # whose threads' CPU time is the trainer's (and the client's)
+
+  @property
+  def policy_version(self) -> int:
+    return self.trainer.policy_version
+
+  def warmup(self, max_sequences: int) -> None:
+    self.trainer.warmup(max_sequences)
+
+  def update(self, trajectories) -> None:
+    self.trainer.update(trajectories)
+
+  def export(self) -> None:
+    t = self.trainer
+    self.store.export(t.model(), t.policy_version, config=t.model_config, step=t.step,
+                      durable=False)
+    self.store.gc(keep_last=2)
+
+  def close(self) -> None:
+    pass
+
+
+class _LearnerProcessTrainer:
+  """The run's learner process (`LearnerProcess`), started from this process where the run starts
+  it (pinned to the trainer's cores, which it inherits), so its step meets the event loop's work on
+  the same core as a run's does; it compiles every micro-batch count when it starts."""
+
+  def __init__(self, config: RunConfig, workdir: str):
+    self.learner = LearnerProcess.start(config.replace(precompile=True), workdir)
+    self.pid = self.learner.pid
+
+  @property
+  def policy_version(self) -> int:
+    return self.learner.policy_version
+
+  def warmup(self, max_sequences: int) -> None:
+    del max_sequences  # done when the learner started (`precompile`)
+
+  def update(self, trajectories) -> None:
+    self.learner.update(trajectories)
+
+  def export(self) -> None:
+    self.learner.export()
+    self.learner.collect_garbage()
+
+  def close(self) -> None:
+    self.learner.close()
+
+
+def trainer_for(config: RunConfig, workdir: str) -> _InProcessTrainer | _LearnerProcessTrainer:
+  """The trainer a run of `config` has, for this process to calibrate (call it pinned to the
+  trainer's cores); a learner process keeps its exports and checkpoints in `workdir`."""
+  if config.learner_process:
+    return _LearnerProcessTrainer(config, workdir)
+  return _InProcessTrainer(config)
+
+
 class _Bench:
   """The measurements, inside the calibration process's event loop."""
 
-  def __init__(self, config: RunConfig, place: Layout, fleet, tokenizer, trainer, reps: int):
+  def __init__(self, config: RunConfig, place: Layout, fleet, tokenizer, trainer, reps: int,
+               vocab_size: int):
     from flashrl_jax import envs
     self.config, self.place, self.fleet, self.reps = config, place, fleet, reps
-    self.tokenizer, self.trainer = tokenizer, trainer
+    self.tokenizer, self.trainer, self.vocab_size = tokenizer, trainer, vocab_size
     self.reward_fn = envs.make_reward_fn(config.task.reward_config())
     if config.task.synthetic is None:
       raise ValueError("the calibration samples a synthetic task's prompts (config.task.synthetic)")
@@ -330,7 +401,7 @@ class _Bench:
 
   def _trajectories(self, rng, groups: list[list[int]], prompt_tokens: float):
     from flashrl_jax.trainer import Trajectory
-    vocab, version = self.trainer.model_config.vocab_size, self.trainer.policy_version
+    vocab, version = self.vocab_size, self.trainer.policy_version
     out = []
     for g in range(self.config.batch_size):
       row = groups[int(rng.integers(len(groups)))]
@@ -346,10 +417,12 @@ class _Bench:
 
   async def rollout_beside_train(self, groups, prompt_tokens: float, median_len: float
                                  ) -> dict[str, float]:
-    """How much longer a full rollout batch takes while the trainer trains in a worker thread of
-    this process (alternating alone / beside, medians), and the CPU contention the servers met in
-    each half: in the 2+1 split a server shares its core with the trainer, so its contention
-    beside training holds that sharing, which the factor already charges (sim_vs_measured)."""
+    """How much longer a full rollout batch takes while the trainer trains (driven from a worker
+    thread, as a run's step is; alternating alone / beside, medians), and the CPU contention the
+    servers met in each half: in the 2+1 split a server shares its core with the trainer, so its
+    contention beside training holds that sharing, which the factor already charges
+    (sim_vs_measured). On 1+1 the batch is slowed only by the client's loop sharing the learner
+    process's core (responses handled later)."""
     stop = asyncio.Event()
     rng = np.random.default_rng(2)
     servers = processes(os.getpid())[1]
@@ -396,16 +469,20 @@ class _Bench:
                   ) -> dict[str, Any]:
     """`trainer.update` then the export, as `_train_and_publish` runs them (worker threads);
     with `busy`, the client keeps every slot decoding meanwhile."""
-    from flashrl_jax.trainer import VersionStore
-    store = VersionStore(tempfile.mkdtemp(prefix="calib_versions_"))
     rng = np.random.default_rng(1 if busy else 0)
     stop = asyncio.Event()
 
+    lengths = [x for g in groups for x in g]
+
     async def saturate() -> None:
-      async def lane():
+      # Responses of the policy's own lengths (each exactly as long as a measured one): the
+      # client's work is per request (HTTP, parsing, the reward), so it must meet a run's mix of
+      # short and long responses, not only long ones.
+      async def lane(seed: int):
+        draw = np.random.default_rng(seed)
         while not stop.is_set():
-          await self.batch(1, self.config.rollout.max_new_tokens)
-      await asyncio.gather(*(lane() for _ in range(self.slots * self.workers)))
+          await self.batch(1, max(1, int(draw.choice(lengths))))
+      await asyncio.gather(*(lane(i) for i in range(self.slots * self.workers)))
 
     load = asyncio.create_task(saturate()) if busy else None
     tokens, seconds, exports = [], [], []
@@ -417,13 +494,10 @@ class _Bench:
         start = time.perf_counter()
         await asyncio.to_thread(self.trainer.update, batch)
         middle = time.perf_counter()
-        await asyncio.to_thread(store.export, self.trainer.model(), self.trainer.policy_version,
-                                config=self.trainer.model_config, step=self.trainer.step,
-                                durable=False)  # as the learner's handoff exports
+        await asyncio.to_thread(self.trainer.export)  # as the learner's handoff exports
         exports.append(time.perf_counter() - middle)
         tokens.append(sum(len(t.prompt_ids) + len(t.response_ids) for t in batch))
         seconds.append(middle - start)
-        store.gc(keep_last=2)
     finally:
       stop.set()
       if load is not None:
@@ -433,8 +507,8 @@ class _Bench:
             "raw_tokens": tokens, "raw_seconds": seconds}
 
 
-async def _measure(config: RunConfig, place: Layout, urls: list[str], trainer, reps: int
-                   ) -> dict[str, Any]:
+async def _measure(config: RunConfig, place: Layout, urls: list[str], trainer, reps: int,
+                   *, is_async: bool) -> dict[str, Any]:
   from flashrl_jax.fleet import Fleet, RolloutClient
   from flashrl_jax.model import load_tokenizer
   if place.client_cpus is not None:  # as `controller.run`: worker threads on the trainer's cores
@@ -442,13 +516,14 @@ async def _measure(config: RunConfig, place: Layout, urls: list[str], trainer, r
         thread_name_prefix="trainer", initializer=os.sched_setaffinity,
         initargs=(0, place.train_cpus)))
     os.sched_setaffinity(0, place.client_cpus)  # this thread: the event loop
+  from flashrl_jax.model import read_config
   tokenizer = load_tokenizer(config.model_path)
-  model = trainer.model_config
+  model = read_config(config.model_path)
   eos = tuple(sorted({i for i in [tokenizer.eos_token_id, *model.eos_token_ids] if i is not None}))
   client = RolloutClient(urls, vocab_size=model.vocab_size, request_timeout_s=600)
   async with Fleet(client, pause_mode=config.rollout.pause_mode) as fleet:
     await fleet.wait_healthy(timeout_s=300)
-    bench = _Bench(config, place, fleet, tokenizer, trainer, reps)
+    bench = _Bench(config, place, fleet, tokenizer, trainer, reps, model.vocab_size)
     groups = await bench.lengths(eos)
     median_len = float(np.median([x for g in groups for x in g]))
     prompt_tokens = float(np.mean([len(tokenizer.encode(p.prompt)) for p in bench.prompts]))
@@ -463,16 +538,17 @@ async def _measure(config: RunConfig, place: Layout, urls: list[str], trainer, r
                "handoff": await bench.handoff(), "reward_s": await bench.reward()}
     batches = 6 + 2 * reps
     await bench.compile_train(groups, prompt_tokens)
-    before = cpu_times([os.getpid()])
+    before = cpu_times([trainer.pid])
     trainer_cal = {"alone": await bench.train(groups, prompt_tokens, batches, busy=False)}
-    trainer_cal["alone"]["contention"] = contention(before, cpu_times([os.getpid()]))
+    trainer_cal["alone"]["contention"] = contention(before, cpu_times([trainer.pid]))
     interference = {"train_beside_rollout": 1.0, "rollout_beside_train": 1.0}
-    if place.client_cpus is not None:  # async: trainer and client share this process
-      # The contention beside a busy rollout holds the core the trainer shares with a server in
-      # the 2+1 split, as an async run's does: sim_vs_measured rescales async runs against it.
-      before = cpu_times([os.getpid()])
+    if is_async:  # the trainer shares a process or a core with the client (and 2+1 a server)
+      # The contention beside a busy rollout holds the core the trainer shares with the client's
+      # loop (1+1) or a server (2+1), as an async run's does: sim_vs_measured rescales async runs
+      # against it.
+      before = cpu_times([trainer.pid])
       beside = await bench.train(groups, prompt_tokens, batches, busy=True)
-      beside["contention"] = contention(before, cpu_times([os.getpid()]))
+      beside["contention"] = contention(before, cpu_times([trainer.pid]))
       trainer_cal["beside_rollout"] = beside
       rollout["beside_train"] = await bench.rollout_beside_train(groups, prompt_tokens, median_len)
       interference = {
@@ -500,13 +576,14 @@ def measure(config_path: str, layout_name: str, reps: int, log_dir: str,
       extra_args=(f"--max_running_requests={r.max_running_requests}",
                   f"--context_length={config.train.batch.row_length}", "--weight_version=0"))
   with servers:
-    os.sched_setaffinity(0, place.train_cpus)  # before JAX starts its thread pool, as the run
-    from flashrl_jax.model import read_config
-    from flashrl_jax.trainer import MeshConfig, Trainer, make_mesh
-    trainer = Trainer(read_config(config.model_path), config.train,
-                      make_mesh(MeshConfig.parse(config.mesh)), seed=config.seed,
-                      init_params=config.model_path)
-    result = asyncio.run(_measure(config, place, servers.urls, trainer, reps))
+    # Before JAX starts its thread pool (or the learner process inherits it), as the run pins.
+    os.sched_setaffinity(0, place.train_cpus)
+    trainer = trainer_for(config, os.path.join(log_dir, "learner"))
+    try:
+      result = asyncio.run(_measure(config, place, servers.urls, trainer, reps,
+                                    is_async=layout_name == "async"))
+    finally:
+      trainer.close()
   os.sched_setaffinity(0, cores)
   return {"config": config_path, "layout": layout_name, "placement": dataclasses.asdict(place),
           **result}

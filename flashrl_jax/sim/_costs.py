@@ -237,7 +237,8 @@ class CostModel:
     reward_workers: concurrent reward computations (None: unbounded).
     train_beside_rollout: train-step time multiplier while the rollout is busy, and
     rollout_beside_train: rollout cost multiplier while the trainer trains — for a trainer and a
-      rollout client that share one process and its interpreter lock, as on CPU here (1: none).
+      rollout client that share a core (or one process and its interpreter lock), as on CPU here
+      (1: none).
   """
 
   decode: DecodeModel = LinearDecode(0.01, 0.0)
