@@ -64,14 +64,31 @@ def test_gpu_placement_separates_or_shares_the_accelerators():
 def test_sharing_accelerators_is_refused_on_cpu():
   import pytest
   from flashrl_jax.controller import ResourceConfig
-  with pytest.raises(ValueError, match="share_accelerators is for GPU/TPU"):
+  with pytest.raises(ValueError, match="share_accelerators is for GPUs"):
     ResourceConfig(platform="cpu", share_accelerators=True)
+  # A TPU chip takes one process at a time: the servers and the trainer could not both open it.
+  with pytest.raises(ValueError, match="opened by one process at a time"):
+    ResourceConfig(platform="tpu", share_accelerators=True)
+  assert ResourceConfig(platform="gpu", share_accelerators=True).share_accelerators
 
 
 def test_a_run_meant_for_an_accelerator_refuses_the_cpu_backend():
   # JAX falls back to the CPU when no GPU is visible: the learner says so instead of training there.
   import pytest
-  from flashrl_jax.controller._learner import check_backend
-  check_backend("cpu")  # this machine's backend
-  with pytest.raises(RuntimeError, match="resources.platform is 'gpu' but JAX's backend"):
-    check_backend("gpu")
+  from flashrl_jax._backend import check_backend
+  check_backend("cpu", "the trainer")  # this machine's backend
+  with pytest.raises(RuntimeError, match="resources.platform is 'gpu' but JAX's backend in the "
+                     "trainer"):
+    check_backend("gpu", "the trainer")
+
+
+def test_a_rollout_server_meant_for_an_accelerator_refuses_the_cpu_backend(tmp_path):
+  # The same fallback in a server process: it would decode on the CPU; it exits saying why, before
+  # it loads anything (the model directory here is empty).
+  import subprocess
+  import sys
+  proc = subprocess.run([sys.executable, "-m", "flashrl_jax.rollout.server",
+                         f"--model_path={tmp_path}", "--port=0", "--platform=gpu"],
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode != 0
+  assert "JAX's backend in this rollout server is 'cpu'" in proc.stderr

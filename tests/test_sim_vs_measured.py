@@ -240,7 +240,7 @@ def test_an_async_run_that_meets_only_the_calibrated_sharing_is_not_rescaled():
   run = sim_vs_measured.reference_contention(cal, "async", overlap)
   results, slowdown = sim_vs_measured.rescaled_prediction(cal, run, predict, overlap)
   assert slowdown.servers == pytest.approx(1.0, abs=0.03)
-  assert slowdown.trainer == 1.0
+  assert slowdown.trainer == pytest.approx(1.0, abs=0.03)
 
   def rate(results):
     return np.mean([r.samples_per_s for r in results])
@@ -248,30 +248,6 @@ def test_an_async_run_that_meets_only_the_calibrated_sharing_is_not_rescaled():
   assert rate(results) == pytest.approx(rate(unscaled), rel=0.03)
   twice = predict(run / sim_vs_measured.reference_contention(cal, "sync"))
   assert rate(twice) < 0.9 * rate(unscaled)
-
-
-def test_an_async_runs_trainer_contention_does_not_rescale_its_train_cost():
-  # The trainer's process met 1.8x the contention the calibration's did beside the rollout: in an
-  # async run that is mostly the controller's loop on its core, which the interference factor
-  # charges already, so the train cost stays; the servers' extra contention still rescales.
-  cal = _async_calibration(servers_sharing=1.5, trainer_sharing=2.0)
-  knobs = ("async", 2, 4, 4, PauseMode.IN_PLACE, 12, 4)
-  seen = []
-
-  def predict(slowdown):
-    seen.append(slowdown)
-    config = sim_vs_measured.sim_config(cal, *knobs, rollout_slowdown=slowdown.servers,
-                                        train_slowdown=slowdown.trainer)
-    return [sim.simulate(config, seed=s) for s in range(2)]
-
-  overlap = sim_vs_measured.Overlap.of(predict(sim_vs_measured.Contention(1.0, 1.0)))
-  ref = sim_vs_measured.reference_contention(cal, "async", overlap)
-  run = sim_vs_measured.Contention(ref.servers * 1.25, ref.trainer * 1.8)
-  results, slowdown = sim_vs_measured.rescaled_prediction(cal, run, predict, overlap)
-  assert slowdown.trainer == 1.0 and all(s.trainer == 1.0 for s in seen)
-  assert slowdown.servers > 1.15
-  assert np.mean([r.train_time_s for r in results]) == pytest.approx(
-      np.mean([r.train_time_s for r in predict(sim_vs_measured.Contention(1.0, 1.0))]), rel=0.05)
 
 
 def test_a_runs_decode_iteration_is_compared_at_the_calibrated_step_per_worker():

@@ -12,20 +12,16 @@ prediction. Both sides are timed on a shared machine minutes apart, so the calib
 rescaled to the CPU contention the run met: the kernel's per-thread time on a CPU and time waiting
 for one give, for the servers and for the trainer's process, (run + wait) / run over the run's timed
 steps and over the calibration's decode and train measurements; the rollout costs are multiplied by
-the servers' ratio of the two, and in sync mode the trainer's by its process's. In the async split
-the trainer's process shares its core with the controller's loop (1+1) or a server (2+1), and the
-calibrated interference factors charge that sharing (measured as the calibration's async layout
-places it: the learner process beside the client, `experiments/_calibration.py`). So that the
-servers' ratio does not charge it again, an async run's contention is divided by the calibration's
-as a run would meet it: alone and beside the other side, weighted by the share of each side's time
-the simulation spends beside the other (`reference_contention`). The async trainer is not rescaled:
-its contention mixes background load with that sharing, and the calibration's contention ratio
-understates what the sharing costs (a step beside the busy loop took 1.74x its time alone where the
-contention rose 1.23x: it also spends more CPU time), so dividing by it charged the sharing a second
-time (async train steps predicted 0.076-0.088 s against 0.055-0.058 s measured, 2026-11-26). Every
-row prints the prediction with that rescaling, with the alone-only rescaling used before (which
-counts the sharing twice) and without rescaling, the measurement (samples/s over the steps after
-`--warmup_steps`, as `async_vs_sync` measures it) and the error.
+the servers' ratio of the two, the trainer's by its process's. In the async split the trainer's
+process shares its core with the controller's loop (1+1) or a server (2+1), and the calibrated
+interference factors charge that sharing (measured as the calibration's async layout places it:
+the learner process beside the client, `experiments/_calibration.py`); so that the ratio does not
+charge it again, an async run's contention is divided by the calibration's as a run would meet it:
+alone and beside the other side, weighted by the share of each side's time the simulation spends
+beside the other (`reference_contention`). Every row prints the prediction with that rescaling,
+with the alone-only rescaling used before (which counts the sharing twice) and without rescaling,
+the measurement (samples/s over the steps after `--warmup_steps`, as `async_vs_sync` measures it)
+and the error.
 
 Last line: `sim_error_max_unseen: <largest |predicted − measured| / measured over the runs>`.
 """
@@ -139,9 +135,10 @@ def reference_contention(calibration: dict, mode: str, overlap: Overlap | None =
   so is an async calibration that measured no interference (written before 2026-11-26 for 1+1).
   Async: the trainer shares its core with the client's loop (and in 2+1 a server), so a run's
   contention holds that sharing while both sides work; the calibrated interference factors already
-  charge it, so the reference holds it too, for the same share of the time. The sharing is the ratio beside / alone of contentions taken
-  in one measurement each (background load of that moment cancels), applied to the alone
-  contention the costs were measured at: run / reference then leaves the background load only."""
+  charge it, so the reference holds it too, for the same share of the time. The sharing is the
+  ratio beside / alone of contentions taken in one measurement each (background load of that
+  moment cancels), applied to the alone contention the costs were measured at: run / reference
+  then leaves the background load only."""
   ro, tr = calibration["rollout"], calibration["trainer"]
   alone = Contention(ro["contention"], tr["alone"]["contention"])
   if mode == "sync":
@@ -162,14 +159,11 @@ def rescaled_prediction(calibration: dict, contention: Contention,
                         predict: Callable[[Contention], list[sim.SimResult]], overlap: Overlap,
                         rounds: int = 4, tolerance: float = 0.01
                         ) -> tuple[list[sim.SimResult], Contention]:
-  """An async run's prediction with its rollout costs rescaled by `contention` / the reference,
-  which depends on the overlap the prediction itself shows: iterated from `overlap` (that of the
-  unscaled prediction) until the overlap moves less than `tolerance`, at most `rounds` predictions.
-  The trainer's costs are not rescaled: the interference factors charge its sharing (see the module
-  docstring)."""
+  """An async run's prediction with its costs rescaled by `contention` / the reference, which
+  depends on the overlap the prediction itself shows: iterated from `overlap` (that of the unscaled
+  prediction) until the overlap moves less than `tolerance`, at most `rounds` predictions."""
   for _ in range(rounds):
-    slowdown = dataclasses.replace(
-        contention / reference_contention(calibration, "async", overlap), trainer=1.0)
+    slowdown = contention / reference_contention(calibration, "async", overlap)
     results = predict(slowdown)
     moved, overlap = overlap, Overlap.of(results)
     if (abs(moved.train_beside_rollout - overlap.train_beside_rollout) < tolerance

@@ -84,8 +84,9 @@ class ResourceConfig:
   (`rollout_devices` + `train_devices` must fit the machine); sync mode time-shares all of them,
   which is the same total budget. On GPU/TPU the launcher sets the visible-device variables:
   in async mode the trainer sees the accelerators after the rollout ones, unless
-  `share_accelerators`, when it sees the first `train_devices` of them, as sync mode does, and the
-  servers and the trainer time-share them (one GPU for both: the same resources as sync).
+  `share_accelerators` (GPU only), when it sees the first `train_devices` of them, as sync mode
+  does, and the servers and the trainer time-share them (one GPU for both: the same resources as
+  sync; a TPU chip takes one process at a time).
   """
 
   rollout_devices: int = 1
@@ -99,7 +100,11 @@ class ResourceConfig:
     if self.platform not in ("cpu", "gpu", "tpu"):
       raise ValueError(f"platform must be cpu, gpu or tpu, got {self.platform!r}.")
     if self.share_accelerators and self.platform == "cpu":
-      raise ValueError("share_accelerators is for GPU/TPU; on CPU, sync mode shares the cores.")
+      raise ValueError("share_accelerators is for GPUs; on CPU, sync mode shares the cores.")
+    if self.share_accelerators and self.platform == "tpu":
+      raise ValueError("share_accelerators is for GPUs: a TPU chip is opened by one process at a "
+                       "time, so the servers and the trainer cannot share it; give them disjoint "
+                       "chips (rollout_devices + train_devices).")
 
   def cpu_split(self, available: list[int]) -> tuple[list[int], list[int]]:
     """(rollout cores, trainer cores); overlapping only when the machine is too small."""

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import jax
 
 from flashrl_jax import envs
+from flashrl_jax._backend import check_backend
 from flashrl_jax.controller._config import RunConfig
 from flashrl_jax.controller._eval import held_out_accuracy
 from flashrl_jax.controller._source import task_source
@@ -60,7 +61,7 @@ class Learner:
     held-out sets are evaluated); built from the config when not given."""
     if group is not None and group.is_leader:
       group.send(Message(Op.INIT))
-    check_backend(config.resources.platform)
+    check_backend(config.resources.platform, "the trainer")
     model_config = read_config(config.model_path)
     mesh = make_mesh(MeshConfig.parse(config.mesh))
     trainer = Trainer(model_config, config.train, mesh, seed=config.seed,
@@ -225,12 +226,3 @@ def follow(config: RunConfig, workdir: str, group: ProcessGroup) -> None:
     learner._run_op(message)  # pylint: disable=protected-access
 
 
-def check_backend(platform: str) -> None:
-  """Refuses to train on another backend than the config's: JAX falls back to the CPU when no GPU
-  or TPU is visible, and a run meant for an accelerator would otherwise train on the CPU quietly."""
-  backend = jax.default_backend()
-  if backend != platform:
-    raise RuntimeError(f"resources.platform is {platform!r} but JAX's backend in the trainer is "
-                       f"{backend!r} (devices {jax.devices()}): is the accelerator visible here "
-                       f"(CUDA_VISIBLE_DEVICES / TPU_VISIBLE_CHIPS) and JAX's plugin for it "
-                       f"installed?")

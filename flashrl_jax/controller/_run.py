@@ -77,7 +77,8 @@ def _start_servers(config: RunConfig, placement: Placement, log_dir: str, vocab_
   r = config.rollout
   # A trajectory must fit one packed training row, so that is the servers' context too.
   extra = (f"--max_running_requests={r.max_running_requests}",
-           f"--context_length={config.train.batch.row_length}", "--weight_version=0")
+           f"--context_length={config.train.batch.row_length}", "--weight_version=0",
+           f"--platform={config.resources.platform}")
   if failpoints.needs_engine_kill():  # a fault test stops an engine thread through its route
     extra += ("--enable_fault_injection",)
   command = None

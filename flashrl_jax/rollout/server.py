@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from absl import app, flags
 from aiohttp import web
 
+from flashrl_jax._backend import check_backend
 from flashrl_jax.rollout._compiles import DEFAULT_CACHE_DIR, enable_compilation_cache
 from flashrl_jax.rollout._config import EngineConfig
 from flashrl_jax.rollout._engine import Engine
@@ -65,6 +66,10 @@ _MAX_TEXT = flags.DEFINE_integer("max_text_chars", Limits.max_text_chars,
 _MAX_N = flags.DEFINE_integer("max_n", Limits.max_n, "Largest `n` (samples per prompt).")
 _MAX_SAMPLES = flags.DEFINE_integer("max_samples_per_request", Limits.max_samples,
                                     "Most samples (prompts x n) in one /generate.")
+_PLATFORM = flags.DEFINE_enum(
+    "platform", None, ["cpu", "gpu", "tpu"], "The backend this server must decode on: it refuses "
+    "to start on another (JAX falls back to the CPU when no accelerator is visible). Unset: "
+    "whatever JAX finds. A run's local servers get `resources.platform`.")
 _FAULTS = flags.DEFINE_bool("enable_fault_injection", False,
                             "Serve POST /debug/kill_engine (fault tests only).")
 
@@ -101,6 +106,8 @@ async def _serve(engine: Engine, args: dict) -> None:
 def main(argv) -> None:
   del argv
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+  if _PLATFORM.value:
+    check_backend(_PLATFORM.value, "this rollout server")
   if _CACHE_DIR.value:
     enable_compilation_cache(_CACHE_DIR.value)
   config = _config()
