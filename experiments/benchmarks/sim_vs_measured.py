@@ -26,8 +26,8 @@ and the error.
 
 With `--repeats=N` every mode runs N times (interleaved, reversed on odd repeats) and, per mode, the
 median prediction is compared with the median measurement too: on this 2-core machine one run of a
-configuration varies by more than the target error (six long-tail runs of one day per mode spread
-over 210-298 samples/s at α = 1, 287-411 at α = 4), so one run's error mixes the model's error
+configuration varies by more than the target error (nine long-tail runs of one day per mode spread
+over 210-312 samples/s at α = 1, 287-425 at α = 4), so one run's error mixes the model's error
 with that run's luck. Last lines: `sim_error_max_of_medians: <largest error of a mode's median>`
 (with repeats) and `sim_error_max_unseen: <largest |predicted − measured| / measured over the
 runs>`.
