@@ -3,9 +3,9 @@
 Why: a simulator is worth what its predictions of runs it never saw are worth, so every cost it
 charges is measured here on the real parts, outside any RL run — the runs it predicts only supply
 their measured throughput, to compare against. One calibration process per core layout places
-everything as `controller.run` does (the process and JAX's thread pool on the trainer's cores, the
-run's server processes pinned to theirs, in async mode the event loop on the rollout cores and
-worker threads on the trainer's), and measures:
+everything as `controller.run` does (the process, and the learner process it starts, on the
+trainer's cores with the event loop; the run's server processes pinned to theirs; a trainer in
+this process instead puts the async event loop on the rollout cores), and measures:
 
 - rollout, through the real client and reward function: the decode step time by live requests per
   rollout core (`a` concurrent requests of L1 and L2 tokens with `ignore_eos`: step = ΔW/ΔL) and
@@ -16,8 +16,9 @@ worker threads on the trainer's), and measures:
   sampling), kept as groups (`scheduling.EmpiricalLengths`);
 - the weight handoff (`Fleet.publish`, the run's pause mode), with idle servers (what a sync
   run's publish meets) and with every slot decoding (an async run's);
-- the train step and the HF export (`Trainer.update`, `VersionStore.export`) on batches drawn from
-  those lengths, as a function of trained tokens, with the servers idle;
+- the train step and the HF export (the learner's `update` and `export`, in the run's learner
+  process unless the config trains in-process) on batches drawn from those lengths, as a function
+  of trained tokens, with the servers idle;
 - async layout only, the interference of trainer and rollout client: the train step while the
   client keeps every slot decoding, and a full rollout batch while the trainer trains. They meet
   where the run makes them meet: with a learner process (`RunConfig.learner_process`, the default)
