@@ -21,8 +21,6 @@ import os
 import shutil
 from typing import Any, Callable
 
-import jax
-
 from flashrl_jax import envs
 from flashrl_jax._backend import check_backend
 from flashrl_jax.controller._config import RunConfig
