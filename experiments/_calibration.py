@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from flashrl_jax.controller import LearnerProcess, RunConfig
+from flashrl_jax.controller import Learner, LearnerProcess, RunConfig
 
 _PROBE_N = 300_000  # ~20-40 ms of pure-Python work on an idle core of this machine
 
@@ -206,82 +206,30 @@ def fit_train(tokens, seconds) -> tuple[tuple[int, int], list[float]]:
   return (lo, hi), [max(intercept + slope * x, 0.0) for x in (lo, hi)]
 
 
-class _InProcessTrainer:
-  """The trainer in this process, as a run without a learner process has it: its update, and the
-  export as `Learner.export` writes it (worker threads of the event loop call both)."""
-
-  def __init__(self, config: RunConfig):
-    from flashrl_jax.model import read_config
-    from flashrl_jax.trainer import MeshConfig, Trainer, VersionStore, make_mesh
-    self.trainer = Trainer(read_config(config.model_path), config.train,
-                           make_mesh(MeshConfig.parse(config.mesh)), seed=config.seed,
-                           init_params=config.model_path)
-    self.store = VersionStore(tempfile.mkdtemp(prefix="calib_versions_"))
-    self.pid = os.getpid()  # whose threads' CPU time is the trainer's (and the client's)
-
-  @property
-  def policy_version(self) -> int:
-    return self.trainer.policy_version
-
-  def warmup(self, max_sequences: int) -> None:
-    self.trainer.warmup(max_sequences)
-
-  def update(self, trajectories) -> None:
-    self.trainer.update(trajectories)
-
-  def export(self) -> None:
-    t = self.trainer
-    self.store.export(t.model(), t.policy_version, config=t.model_config, step=t.step,
-                      durable=False)
-    self.store.gc(keep_last=2)
-
-  def close(self) -> None:
-    pass
-
-
-class _LearnerProcessTrainer:
-  """The run's learner process (`LearnerProcess`), started from this process where the run starts
-  it (pinned to the trainer's cores, which it inherits), so its step meets the event loop's work on
-  the same core as a run's does; it compiles every micro-batch count when it starts."""
-
-  def __init__(self, config: RunConfig, workdir: str):
-    self.learner = LearnerProcess.start(config.replace(precompile=True), workdir)
-    self.pid = self.learner.pid
-
-  @property
-  def policy_version(self) -> int:
-    return self.learner.policy_version
-
-  def warmup(self, max_sequences: int) -> None:
-    del max_sequences  # done when the learner started (`precompile`)
-
-  def update(self, trajectories) -> None:
-    self.learner.update(trajectories)
-
-  def export(self) -> None:
-    self.learner.export()
-    self.learner.collect_garbage()
-
-  def close(self) -> None:
-    self.learner.close()
-
-
-def trainer_for(config: RunConfig, workdir: str) -> _InProcessTrainer | _LearnerProcessTrainer:
-  """The trainer a run of `config` has, for this process to calibrate (call it pinned to the
-  trainer's cores); a learner process keeps its exports and checkpoints in `workdir`."""
+def start_learner(config: RunConfig, workdir: str) -> Learner | LearnerProcess:
+  """The learner a run of `config` has — its learner process (`LearnerProcess`), or a `Learner` in
+  this process when the config trains in-process — started from this process where the run starts
+  it (pinned to the trainer's cores, which a learner process inherits), compiling every
+  micro-batch count first; its exports and checkpoints go to `workdir`."""
+  config = config.replace(precompile=True)
   if config.learner_process:
-    return _LearnerProcessTrainer(config, workdir)
-  return _InProcessTrainer(config)
+    return LearnerProcess.start(config, workdir)
+  return Learner.create(config, workdir)
+
+
+def learner_pid(learner: Learner | LearnerProcess) -> int:
+  """The process whose threads' CPU time is the trainer's (in-process: the client's too)."""
+  return learner.pid if isinstance(learner, LearnerProcess) else os.getpid()
 
 
 class _Bench:
   """The measurements, inside the calibration process's event loop."""
 
-  def __init__(self, config: RunConfig, place: Layout, fleet, tokenizer, trainer, reps: int,
-               vocab_size: int):
+  def __init__(self, config: RunConfig, place: Layout, fleet, tokenizer,
+               learner: Learner | LearnerProcess, reps: int, vocab_size: int):
     from flashrl_jax import envs
     self.config, self.place, self.fleet, self.reps = config, place, fleet, reps
-    self.tokenizer, self.trainer, self.vocab_size = tokenizer, trainer, vocab_size
+    self.tokenizer, self.learner, self.vocab_size = tokenizer, learner, vocab_size
     self.reward_fn = envs.make_reward_fn(config.task.reward_config())
     if config.task.synthetic is None:
       raise ValueError("the calibration samples a synthetic task's prompts (config.task.synthetic)")
@@ -402,7 +350,7 @@ class _Bench:
 
   def _trajectories(self, rng, groups: list[list[int]], prompt_tokens: float):
     from flashrl_jax.trainer import Trajectory
-    vocab, version = self.vocab_size, self.trainer.policy_version
+    vocab, version = self.vocab_size, self.learner.policy_version
     out = []
     for g in range(self.config.batch_size):
       row = groups[int(rng.integers(len(groups)))]
@@ -430,7 +378,7 @@ class _Bench:
 
     async def train_forever() -> None:
       while not stop.is_set():
-        await asyncio.to_thread(self.trainer.update, self._trajectories(rng, groups, prompt_tokens))
+        await asyncio.to_thread(self.learner.update, self._trajectories(rng, groups, prompt_tokens))
 
     async def timed(phase: str) -> float:
       before = cpu_times(servers)
@@ -458,13 +406,16 @@ class _Bench:
     """Compiles every micro-batch count a step can need (batches of equal lengths up to the
     longest measured response), so no timed step below pays a compilation; a run that meets a
     new count mid-run pays it there, which is a cost of that run, not of the step."""
-    # As `RunConfig.precompile` does before step 1: every micro-batch count, ahead of time.
-    await asyncio.to_thread(self.trainer.warmup, self.config.samples_per_step)
+    # Every micro-batch count was compiled as the learner started (`RunConfig.precompile`).
     longest = max(max(g) for g in groups)
     for length in sorted({max(1, int(longest * f)) for f in (0.02, 0.1, 0.25, 0.5, 0.75, 1.0)}):
-      await asyncio.to_thread(self.trainer.update, self._trajectories(
+      await asyncio.to_thread(self.learner.update, self._trajectories(
           np.random.default_rng(length), [[length]], prompt_tokens))
     await self.train(groups, prompt_tokens, 2, busy=False)  # and the realistic mix once
+
+  def _export(self) -> None:
+    self.learner.export()
+    self.learner.collect_garbage()
 
   async def train(self, groups, prompt_tokens: float, batches: int, *, busy: bool
                   ) -> dict[str, Any]:
@@ -493,9 +444,9 @@ class _Bench:
       for _ in range(batches):
         batch = self._trajectories(rng, groups, prompt_tokens)
         start = time.perf_counter()
-        await asyncio.to_thread(self.trainer.update, batch)
+        await asyncio.to_thread(self.learner.update, batch)
         middle = time.perf_counter()
-        await asyncio.to_thread(self.trainer.export)  # as the learner's handoff exports
+        await asyncio.to_thread(self._export)  # as the loop's handoff exports
         exports.append(time.perf_counter() - middle)
         tokens.append(sum(len(t.prompt_ids) + len(t.response_ids) for t in batch))
         seconds.append(middle - start)
@@ -508,8 +459,9 @@ class _Bench:
             "raw_tokens": tokens, "raw_seconds": seconds}
 
 
-async def _measure(config: RunConfig, place: Layout, urls: list[str], trainer, reps: int,
-                   *, is_async: bool) -> dict[str, Any]:
+async def _measure(config: RunConfig, place: Layout, urls: list[str],
+                   learner: Learner | LearnerProcess, reps: int, *, is_async: bool
+                   ) -> dict[str, Any]:
   from flashrl_jax.fleet import Fleet, RolloutClient
   from flashrl_jax.model import load_tokenizer
   if place.client_cpus is not None:  # as `controller.run`: worker threads on the trainer's cores
@@ -524,7 +476,7 @@ async def _measure(config: RunConfig, place: Layout, urls: list[str], trainer, r
   client = RolloutClient(urls, vocab_size=model.vocab_size, request_timeout_s=600)
   async with Fleet(client, pause_mode=config.rollout.pause_mode) as fleet:
     await fleet.wait_healthy(timeout_s=300)
-    bench = _Bench(config, place, fleet, tokenizer, trainer, reps, model.vocab_size)
+    bench = _Bench(config, place, fleet, tokenizer, learner, reps, model.vocab_size)
     groups = await bench.lengths(eos)
     median_len = float(np.median([x for g in groups for x in g]))
     prompt_tokens = float(np.mean([len(tokenizer.encode(p.prompt)) for p in bench.prompts]))
@@ -539,17 +491,17 @@ async def _measure(config: RunConfig, place: Layout, urls: list[str], trainer, r
                "handoff": await bench.handoff(), "reward_s": await bench.reward()}
     batches = 6 + 2 * reps
     await bench.compile_train(groups, prompt_tokens)
-    before = cpu_times([trainer.pid])
+    before = cpu_times([learner_pid(learner)])
     trainer_cal = {"alone": await bench.train(groups, prompt_tokens, batches, busy=False)}
-    trainer_cal["alone"]["contention"] = contention(before, cpu_times([trainer.pid]))
+    trainer_cal["alone"]["contention"] = contention(before, cpu_times([learner_pid(learner)]))
     interference = {"train_beside_rollout": 1.0, "rollout_beside_train": 1.0}
     if is_async:  # the trainer shares a process or a core with the client (and 2+1 a server)
       # The contention beside a busy rollout holds the core the trainer shares with the client's
       # loop (1+1) or a server (2+1), as an async run's does: sim_vs_measured rescales async runs
       # against it.
-      before = cpu_times([trainer.pid])
+      before = cpu_times([learner_pid(learner)])
       beside = await bench.train(groups, prompt_tokens, batches, busy=True)
-      beside["contention"] = contention(before, cpu_times([trainer.pid]))
+      beside["contention"] = contention(before, cpu_times([learner_pid(learner)]))
       trainer_cal["beside_rollout"] = beside
       rollout["beside_train"] = await bench.rollout_beside_train(groups, prompt_tokens, median_len)
       interference = {
@@ -579,12 +531,12 @@ def measure(config_path: str, layout_name: str, reps: int, log_dir: str,
   with servers:
     # Before JAX starts its thread pool (or the learner process inherits it), as the run pins.
     os.sched_setaffinity(0, place.train_cpus)
-    trainer = trainer_for(config, os.path.join(log_dir, "learner"))
+    learner = start_learner(config, os.path.join(log_dir, "learner"))
     try:
-      result = asyncio.run(_measure(config, place, servers.urls, trainer, reps,
+      result = asyncio.run(_measure(config, place, servers.urls, learner, reps,
                                     is_async=layout_name == "async"))
     finally:
-      trainer.close()
+      learner.close()
   os.sched_setaffinity(0, cores)
   return {"config": config_path, "layout": layout_name, "placement": dataclasses.asdict(place),
           **result}

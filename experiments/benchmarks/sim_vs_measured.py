@@ -261,24 +261,28 @@ def run(config_path: str, workdir: str, mode: str, alpha: int, steps: int, warmu
                          "rollout": _calibration.contention(first[1], last[1])}}
 
 
+def mode_name(mode: str) -> str:
+  """A `--modes` entry ("sync" or α) as rows print it."""
+  return "sync" if mode == "sync" else f"async α={int(mode)}"
+
+
 def predict_run(path: str, regime: str, mode: str, repeat: int, calibrations: dict, out: str,
                 steps: int, warmup: int) -> dict:
   """Runs one mode of `regime` for real, predicts it from its layout's calibration, prints the
   row and returns it."""
   alpha = 0 if mode == "sync" else int(mode)
-  name = "sync" if mode == "sync" else f"async α={alpha}"
+  name, layout = mode_name(mode), "sync" if mode == "sync" else "async"
   workdir = os.path.join(out, f"{regime}_{'sync' if mode == 'sync' else f'async_a{alpha}'}"
                                + (f"_r{repeat}" if repeat else ""))
-  config = _calibration.load_config(path, mode="sync" if mode == "sync" else "async",
-                                    async_ratio=alpha)
-  info = run(path, workdir, "sync" if mode == "sync" else "async", alpha, steps, warmup)
+  config = _calibration.load_config(path, mode=layout, async_ratio=alpha)
+  info = run(path, workdir, layout, alpha, steps, warmup)
   with open(os.path.join(workdir, "run.json"), "w") as f:  # to re-predict from, offline
     json.dump(info, f, indent=1)
-  cal = calibrations["sync" if mode == "sync" else "async"]
+  cal = calibrations[layout]
   # The run's CPU contention over its timed steps, against the calibration's.
   contention = Contention(info["contention"]["rollout"], info["contention"]["trainer"])
-  knobs = ("sync" if mode == "sync" else "async", alpha, config.batch_size, config.group_size,
-           config.rollout.pause_mode, steps, warmup)
+  knobs = (layout, alpha, config.batch_size, config.group_size, config.rollout.pause_mode,
+           steps, warmup)
 
   def predict(slowdown: Contention) -> list[sim.SimResult]:
     simulated = sim_config(cal, *knobs, rollout_slowdown=slowdown.servers,
@@ -386,7 +390,7 @@ def main(argv):
         rows.append(row)
     if _REPEATS.value > 1:
       for mode in _MODES.value:
-        name = "sync" if mode == "sync" else f"async α={int(mode)}"
+        name = mode_name(mode)
         mine = [r for r in rows if r["regime"] == regime and r["mode"] == name]
         got = float(np.median([r["measured"] for r in mine]))
         want = float(np.median([r["predicted"] for r in mine]))
