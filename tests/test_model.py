@@ -147,3 +147,54 @@ def test_tokenizer_round_trip(tmp_path):
   assert again.encode(text) == tok.encode(text)
   assert again.eos_token_id == tok.eos_token_id == 2
   assert again.decode([5, tok.eos_token_id, 6]) == tok.decode([5, 6])
+
+
+def _packed_row(lengths, start, t, rng):
+  """One row of `t` tokens holding sequences of `lengths` from column `start` (segments 1, 2, ...)."""
+  ids, segments, positions = np.zeros((1, t), np.int32), np.zeros((1, t), np.int32), np.zeros(
+      (1, t), np.int32)
+  seqs, at = [], start
+  for i, n in enumerate(lengths):
+    seqs.append((at, rng.integers(0, 96, size=n)))
+    ids[0, at:at + n], segments[0, at:at + n], positions[0, at:at + n] = seqs[-1][1], i + 1, range(n)
+    at += n
+  return ids, positions, segments, seqs
+
+
+@pytest.mark.parametrize("width", M.BAND_WIDTHS)
+@pytest.mark.parametrize("offset", [0, 1, 63])
+def test_attention_band_is_exact_up_to_width_plus_one_tokens(model, width, offset):
+  """A band of `width` is exact for sequences of `width + 1` tokens wherever they start in a chunk,
+  and `by_band` never picks it for `width + 2` (which starting one column before a chunk boundary
+  reaches back past the band: forcing the band there must change the result, so the bound is tight)."""
+  rng = np.random.default_rng(width + offset)
+  t = 384
+  ids, positions, segments, seqs = _packed_row([width + 1, width + 1, 7], offset, t, rng)
+  banded = model.hidden_states(jnp.asarray(ids), jnp.asarray(positions), jnp.asarray(segments),
+                               band_width=width)
+  for at, seq in seqs:  # each sequence alone, no packing
+    alone = model.hidden_states(jnp.asarray(seq[None]))[0]
+    np.testing.assert_allclose(np.asarray(banded)[0, at:at + len(seq)], alone, atol=2e-5)
+  assert int(M.by_band(lambda w: jnp.int32(-1 if w is None else w), jnp.asarray(segments))) <= width
+
+  start = width - 1  # the longer sequence's last token sits two chunks after its first
+  ids, positions, segments, seqs = _packed_row([width + 2], start, t, rng)
+  chosen = M.by_band(lambda w: jnp.int32(-1 if w is None else w), jnp.asarray(segments))
+  assert int(chosen) not in (width, *[w for w in M.BAND_WIDTHS if w < width])
+  forced = model.hidden_states(jnp.asarray(ids), jnp.asarray(positions), jnp.asarray(segments),
+                               band_width=width)
+  alone = model.hidden_states(jnp.asarray(seqs[0][1][None]))[0]
+  assert np.abs(np.asarray(forced)[0, start:start + width + 2] - alone).max() > 1e-3
+
+
+def test_packed_dense_fallback_in_causal_blocks_equals_unpacked(model):
+  """A row whose longest sequence is longer than every band: the dense form, computed in causal
+  query blocks (no block above the diagonal), equals each sequence run alone."""
+  rng = np.random.default_rng(5)
+  ids, positions, segments, seqs = _packed_row([300, 50, 20], 3, 384, rng)
+  assert int(M.by_band(lambda w: jnp.int32(-1 if w is None else w), jnp.asarray(segments))) == -1
+  out = model.hidden_states(jnp.asarray(ids), jnp.asarray(positions), jnp.asarray(segments))
+  assert np.isfinite(np.asarray(out)).all()  # padding rows stay finite
+  for at, seq in seqs:
+    alone = model.hidden_states(jnp.asarray(seq[None]))[0]
+    np.testing.assert_allclose(np.asarray(out)[0, at:at + len(seq)], alone, atol=2e-5)

@@ -16,6 +16,8 @@ from flax import nnx
 
 from flashrl_jax import losses
 from flashrl_jax.losses import LossConfig
+from flashrl_jax.model import BAND_WIDTHS
+from flashrl_jax.model._packed import narrowest_band
 from flashrl_jax.testing import tiny_config
 from flashrl_jax.trainer import (BatchConfig, LossInputs, OptimizerConfig, TrainConfig, Trainer,
                                  compute_advantages, create_train_state, make_mesh,
@@ -129,6 +131,30 @@ def test_packed_equals_unpacked(model_state):
   assert batch.sample_mask[0, 0].sum(-1).max() > 1  # several sequences share a row
   loss, grads, _ = packed_loss_and_grads(graphdef, params, config, batch)
   # One jit over the unrolled per-trajectory forwards: op-by-op it compiles every op per shape.
+  ref_loss, ref_grads = jax.jit(jax.value_and_grad(
+      lambda p: naive_loss(graphdef, p, config, trajs)))(params)
+  np.testing.assert_allclose(loss, float(ref_loss), rtol=1e-5)
+  assert_trees_close(grads, ref_grads, rtol=1e-4, atol=1e-7)
+
+
+def test_packed_equals_unpacked_in_every_attention_layout(model_state):
+  """Rows of 384 tokens: micro-batches whose longest sequence fits a 64- or 128-token band attend
+  over their bands, the others densely in causal blocks (each micro-batch chooses on device); the
+  minibatch's loss and gradient still equal the naive per-trajectory reference."""
+  graphdef, params = model_state
+  rng = np.random.default_rng(7)
+  group = lambda n, lengths, first: [
+      dataclasses.replace(t, group_id=t.group_id + first, sample_id=t.sample_id + 100 * first)
+      for t in random_trajectories(rng, n, vocab_size=MODEL.vocab_size, prompt_lengths=(1, 9),
+                                   response_lengths=lengths, group_size=2)]
+  trajs = group(2, (240, 260), 0) + group(4, (90, 110), 10) + group(8, (20, 45), 20)
+  config = TrainConfig(temperature=0.8, batch=BatchConfig(row_length=384, rows=1,
+                                                          sequences_per_row=8,
+                                                          max_response_length=320))
+  batch = pack(trajs, config.batch)
+  layouts = [int(narrowest_band(jnp.asarray(micro), BAND_WIDTHS)) for micro in batch.segment_ids[0]]
+  assert set(layouts) == {0, 1, 2}, layouts  # band 64, band 128 and dense all occur
+  loss, grads, _ = packed_loss_and_grads(graphdef, params, config, batch)
   ref_loss, ref_grads = jax.jit(jax.value_and_grad(
       lambda p: naive_loss(graphdef, p, config, trajs)))(params)
   np.testing.assert_allclose(loss, float(ref_loss), rtol=1e-5)

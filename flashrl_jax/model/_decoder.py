@@ -19,6 +19,7 @@ from flashrl_jax.model._cache import KVCache
 from flashrl_jax.model._config import ModelConfig
 from flashrl_jax.model._layers import (MLP, Attention, DecoderLayer, RMSNorm, ShardFn, no_shard,
                                        param)
+from flashrl_jax.model._packed import CAUSAL_BLOCK, CausalBlocks, band_mask, packed_mask
 from flashrl_jax.model._rope import inverse_frequencies
 
 
@@ -72,21 +73,27 @@ class Decoder(nnx.Module):
   # --- full-sequence forward ----------------------------------------------------------------------
 
   def hidden_states(self, input_ids: jax.Array, positions: jax.Array | None = None,
-                    segment_ids: jax.Array | None = None) -> jax.Array:
+                    segment_ids: jax.Array | None = None, band_width: int | None = None
+                    ) -> jax.Array:
     """Final normed hidden states `[B, T, D]`.
 
     `segment_ids` `[B, T]` (0 = padding) packs several sequences in a row: a token attends to earlier
     tokens of its own segment only. `positions` are per-segment RoPE positions (default 0..T-1).
+    `band_width` (packed rows only) attends each `band_width`-token chunk of a row over itself and
+    the chunk before: exact only when no sequence is longer than `band_width + 1` tokens, which
+    `flashrl_jax.model.by_band` checks on device before choosing it.
     """
     b, t = input_ids.shape
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    causal = jnp.tril(jnp.ones((t, t), bool))[None]
     if segment_ids is None:
-      mask = jnp.broadcast_to(causal, (b, t, t))
+      mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool))[None], (b, t, t))
+    elif band_width is None:
+      mask = packed_mask(segment_ids)
+      if t % CAUSAL_BLOCK == 0 and t > CAUSAL_BLOCK:
+        mask = CausalBlocks(mask, CAUSAL_BLOCK)
     else:
-      same = segment_ids[:, :, None] == segment_ids[:, None, :]
-      mask = causal & same & (segment_ids[:, None, :] != 0)
+      mask = band_mask(segment_ids, band_width)
     hidden, _ = self._run_layers(self._embed(input_ids), positions, mask)
     return hidden
 

@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 
 from flashrl_jax.model._cache import KVCache
+from flashrl_jax.model._packed import BandMask, CausalBlocks, band_layout, query_layout
 from flashrl_jax.model._rope import apply_rope
 
 ShardFn = Callable[[jax.Array, Sequence[str | None]], jax.Array]
@@ -120,7 +121,8 @@ class Attention(nnx.Module):
   def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array,
                cache: KVCache | None = None, layer: int = 0,
                valid: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
-    """`x` `[B,T,D]`, `positions` `[B,T]`, `mask` `[B,T,S]` over keys (S = T, or the cache length)."""
+    """`x` `[B,T,D]`, `positions` `[B,T]`, `mask` `[B,T,S]` over keys (S = T, or the cache length),
+    or a `BandMask` of packed training rows (no cache)."""
     q = self._project(x, self.q_proj, self.q_bias)
     k = self._project(x, self.k_proj, self.k_bias)
     v = self._project(x, self.v_proj, self.v_bias)
@@ -135,6 +137,15 @@ class Attention(nnx.Module):
       # A cache laid out for it attends itself (the rollout engine's decode view: row by row,
       # without first gathering the rows it needs into one array).
       out = cache.attend(layer, q, mask, self.num_kv_heads, self.dtype)
+    elif isinstance(mask, BandMask):  # packed training rows: each query chunk over its band
+      w = mask.width
+      out = grouped_attention(query_layout(q, w), band_layout(k, w), band_layout(v, w), mask.mask,
+                              self.num_kv_heads, self.dtype).reshape(q.shape)
+    elif isinstance(mask, CausalBlocks):
+      w = mask.width
+      out = jnp.concatenate([
+          grouped_attention(q[:, i:i + w], k[:, :i + w], v[:, :i + w], mask.mask[:, i:i + w, :i + w],
+                            self.num_kv_heads, self.dtype) for i in range(0, q.shape[1], w)], axis=1)
     else:
       if cache is not None:
         k, v = cache.k[layer].astype(self.dtype), cache.v[layer].astype(self.dtype)

@@ -25,6 +25,7 @@ from jax.sharding import Mesh
 
 from flashrl_jax import losses
 from flashrl_jax.losses import LossName
+from flashrl_jax.model import by_band
 from flashrl_jax.trainer._batch import BATCH_AXES, Batch
 from flashrl_jax.trainer._config import AdvantageEstimator, BatchConfig, TrainConfig
 from flashrl_jax.trainer._optimizer import apply_update, current_learning_rate, make_optimizer
@@ -58,7 +59,9 @@ def all_sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, config: Tra
   model = nnx.merge(graphdef, jax.lax.stop_gradient(params))
   k, m = batch.input_ids.shape[:2]
   flat = jax.tree.map(lambda x: x.reshape(k * m, *x.shape[2:]), batch)
-  logp = jax.lax.map(lambda micro: sequence_logprobs(model, micro, config)[0], flat)
+  logp = jax.lax.map(lambda micro: by_band(
+      lambda width: sequence_logprobs(model, micro, config, band_width=width)[0],
+      micro.segment_ids), flat)
   return logp.reshape(k, m, *logp.shape[1:])
 
 

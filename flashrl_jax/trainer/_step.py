@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flashrl_jax.losses import Aggregation, LossName, compute_policy_loss
-from flashrl_jax.model import Decoder, token_logprobs
+from flashrl_jax.model import Decoder, by_band, token_logprobs
 from flashrl_jax.trainer._batch import Batch
 from flashrl_jax.trainer._config import TrainConfig
 
@@ -30,7 +30,8 @@ class LossInputs(NamedTuple):
 
 
 def sequence_logprobs(model: Decoder, micro: Batch, config: TrainConfig, *,
-                      project_slots: bool | None = None) -> tuple[jax.Array, jax.Array]:
+                      project_slots: bool | None = None, band_width: int | None = None
+                      ) -> tuple[jax.Array, jax.Array]:
   """(logp, entropy) `[R, S, L]` of each slot's response tokens, from one packed micro-batch.
 
   The `[D, V]` vocabulary projection runs on whichever is smaller (`project_slots=None`): the
@@ -38,8 +39,10 @@ def sequence_logprobs(model: Decoder, micro: Batch, config: TrainConfig, *,
   it, the win with a large vocabulary and long prompts) or the `R*T` packed positions (project
   every token, then gather the scalar log-probs: the win when many short sequences share a row,
   where `S*L` can be 10x `T`). Both give the same numbers; the choice is static (batch shapes).
+  `band_width`: see `Decoder.hidden_states` (callers choose it with `by_band`).
   """
-  hidden = model.hidden_states(micro.input_ids, micro.positions, micro.segment_ids)  # [R, T, D]
+  hidden = model.hidden_states(micro.input_ids, micro.positions, micro.segment_ids,
+                               band_width)  # [R, T, D]
   rows, slots, width = micro.token_index.shape
   if project_slots is None:
     project_slots = slots * width <= micro.input_ids.shape[1]
@@ -57,10 +60,11 @@ def sequence_logprobs(model: Decoder, micro: Batch, config: TrainConfig, *,
 
 
 def micro_batch_loss(params: nnx.State, graphdef: nnx.GraphDef, config: TrainConfig, micro: Batch,
-                     inputs: LossInputs) -> tuple[jax.Array, dict[str, jax.Array]]:
+                     inputs: LossInputs, band_width: int | None = None
+                     ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The configured policy loss of one micro-batch (its own aggregation, unweighted)."""
   model = nnx.merge(graphdef, params)
-  logp, entropy = sequence_logprobs(model, micro, config)
+  logp, entropy = sequence_logprobs(model, micro, config, band_width=band_width)
   flat = lambda x: None if x is None else x.reshape(-1, *x.shape[2:])  # [R, S, ...] -> [R*S, ...]
   return compute_policy_loss(
       config.loss, logp=flat(logp), behavior_logp=flat(micro.behavior_logp),
@@ -122,16 +126,18 @@ def minibatch_gradients(params: nnx.State, graphdef: nnx.GraphDef, config: Train
   """(loss, grads, metrics) of one minibatch `[M, ...]`, accumulated over its M micro-batches."""
   weights = micro_batch_weights(minibatch.loss_mask, config.loss.aggregation)
 
-  def weighted_loss(p, micro, micro_inputs, w):
-    loss, metrics = micro_batch_loss(p, graphdef, config, micro, micro_inputs)
-    return w * loss, metrics
-
-  grad_fn = jax.value_and_grad(weighted_loss, has_aux=True)
   zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
 
   def body(acc, xs):
     micro, micro_inputs, w = xs
-    (loss, metrics), grads = grad_fn(params, micro, micro_inputs, w)
+
+    def gradients(band_width):  # forward and backward of the micro-batch in one attention layout
+      def weighted_loss(p):
+        loss, metrics = micro_batch_loss(p, graphdef, config, micro, micro_inputs, band_width)
+        return w * loss, metrics
+      return jax.value_and_grad(weighted_loss, has_aux=True)(params)
+
+    (loss, metrics), grads = by_band(gradients, micro.segment_ids)
     acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads)
     return acc, (loss, metrics)
 
