@@ -122,7 +122,7 @@ class Attention(nnx.Module):
                cache: KVCache | None = None, layer: int = 0,
                valid: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
     """`x` `[B,T,D]`, `positions` `[B,T]`, `mask` `[B,T,S]` over keys (S = T, or the cache length),
-    or a `BandMask` of packed training rows (no cache)."""
+    or, for packed training rows without a cache, a `BandMask` or `CausalBlocks` (`_packed.py`)."""
     q = self._project(x, self.q_proj, self.q_bias)
     k = self._project(x, self.k_proj, self.k_bias)
     v = self._project(x, self.v_proj, self.v_bias)
