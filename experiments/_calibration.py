@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from flashrl_jax.controller import Learner, LearnerProcess, RunConfig
+from flashrl_jax.controller import Learner, LearnerProcess, RunConfig, engine_server_args
 
 _PROBE_N = 300_000  # ~20-40 ms of pure-Python work on an idle core of this machine
 
@@ -523,11 +523,9 @@ def measure(config_path: str, layout_name: str, reps: int, log_dir: str,
   cores = sorted(os.sched_getaffinity(0))
   place = layout(config, cores)
   from flashrl_jax.fleet import LocalServers
-  r = config.rollout
   servers = LocalServers.start(
       config.model_path, len(place.server_cpus), cpu_sets=place.server_cpus, log_dir=log_dir,
-      extra_args=(f"--max_running_requests={r.max_running_requests}",
-                  f"--context_length={config.train.batch.row_length}", "--weight_version=0"))
+      extra_args=engine_server_args(config))
   with servers:
     # Before JAX starts its thread pool (or the learner process inherits it), as the run pins.
     os.sched_setaffinity(0, place.train_cpus)

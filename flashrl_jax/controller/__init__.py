@@ -25,7 +25,7 @@ from flashrl_jax.controller._overrides import (OverrideError, field_type, overri
                                                parse_assignment)
 from flashrl_jax.controller._placement import Placement, plan_placement
 from flashrl_jax.controller._progress import ProgressReporter
-from flashrl_jax.controller._run import RunSummary, run
+from flashrl_jax.controller._run import RunSummary, engine_server_args, run
 from flashrl_jax.controller._samples import Group, Response
 from flashrl_jax.controller._source import PromptSource, task_source
 
@@ -36,8 +36,8 @@ __all__ = [
     "Mode", "OverrideError", "Placement",
     "ProgressReporter", "PromptSource", "ResourceConfig", "Response", "RolloutBackend",
     "RolloutConfig", "RunConfig", "RunSummary", "TaskConfig", "chat_agent", "collect_lockstep",
-    "field_type", "override", "parse_assignment", "plan_placement", "plot_run", "read_metrics",
-    "run", "step_sample_metrics", "task_source", "to_trajectories",
+    "engine_server_args", "field_type", "override", "parse_assignment", "plan_placement",
+    "plot_run", "read_metrics", "run", "step_sample_metrics", "task_source", "to_trajectories",
 ]
 
 

@@ -72,13 +72,19 @@ class RunSummary:
   workdir: str
 
 
+def engine_server_args(config: RunConfig) -> tuple[str, ...]:
+  """The flags a run gives its local JAX engine servers (the simulator's calibration starts its
+  servers with the same)."""
+  # A trajectory must fit one packed training row, so that is the servers' context too.
+  return (f"--max_running_requests={config.rollout.max_running_requests}",
+          f"--context_length={config.train.batch.row_length}", "--weight_version=0",
+          f"--platform={config.resources.platform}")
+
+
 def _start_servers(config: RunConfig, placement: Placement, log_dir: str, vocab_size: int,
                    pid_file: str) -> LocalServers:
   r = config.rollout
-  # A trajectory must fit one packed training row, so that is the servers' context too.
-  extra = (f"--max_running_requests={r.max_running_requests}",
-           f"--context_length={config.train.batch.row_length}", "--weight_version=0",
-           f"--platform={config.resources.platform}")
+  extra = engine_server_args(config)
   if failpoints.needs_engine_kill():  # a fault test stops an engine thread through its route
     extra += ("--enable_fault_injection",)
   command = None

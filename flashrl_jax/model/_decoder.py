@@ -19,7 +19,7 @@ from flashrl_jax.model._cache import KVCache
 from flashrl_jax.model._config import ModelConfig
 from flashrl_jax.model._layers import (MLP, Attention, DecoderLayer, RMSNorm, ShardFn, no_shard,
                                        param)
-from flashrl_jax.model._packed import CAUSAL_BLOCK, CausalBlocks, band_mask, packed_mask
+from flashrl_jax.model._packed import packed_attention_mask
 from flashrl_jax.model._rope import inverse_frequencies
 
 
@@ -88,12 +88,8 @@ class Decoder(nnx.Module):
       positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     if segment_ids is None:
       mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool))[None], (b, t, t))
-    elif band_width is None:
-      mask = packed_mask(segment_ids)
-      if t % CAUSAL_BLOCK == 0 and t > CAUSAL_BLOCK:
-        mask = CausalBlocks(mask, CAUSAL_BLOCK)
     else:
-      mask = band_mask(segment_ids, band_width)
+      mask = packed_attention_mask(segment_ids, band_width)
     hidden, _ = self._run_layers(self._embed(input_ids), positions, mask)
     return hidden
 

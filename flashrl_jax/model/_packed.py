@@ -57,6 +57,17 @@ def packed_mask(segment_ids: jax.Array) -> jax.Array:
   return causal & same & (segment_ids[:, None, :] != 0)
 
 
+def packed_attention_mask(segment_ids: jax.Array, band_width: int | None
+                          ) -> BandMask | CausalBlocks | jax.Array:
+  """How packed rows `[B, T]` attend: over `band_width`-token bands, else the dense mask (in causal
+  blocks when the row is several of them long)."""
+  if band_width is not None:
+    return band_mask(segment_ids, band_width)
+  t = segment_ids.shape[1]
+  mask = packed_mask(segment_ids)
+  return CausalBlocks(mask, CAUSAL_BLOCK) if t % CAUSAL_BLOCK == 0 and t > CAUSAL_BLOCK else mask
+
+
 def narrowest_band(segment_ids: jax.Array, widths: tuple[int, ...]) -> jax.Array:
   """Index into `widths` of the narrowest exact band for this packing; `len(widths)`: none is.
 
