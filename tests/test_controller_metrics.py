@@ -81,3 +81,23 @@ def test_step_metrics_count_reward_verdicts_isolation_and_limits():
   assert abs(metrics["reward_timeout_s_mean"] - 11.2 / 3) < 1e-12
   plain = step_sample_metrics([Group(0, Sample("p", ""), [1], 1, responses=[response(1.0)])], 0)
   assert not any(k.startswith(("reward_status", "reward_isolation", "reward_timeout")) for k in plain)
+
+
+def test_each_step_is_one_event_with_every_numeric_field(tmp_path):
+  """Tried: a record mixing numbers, a bool, a list, a dict, a string and a key with characters
+  TensorBoard does not allow in tags. Each step must be one event holding exactly the numeric
+  fields (the tag cleaned as TensorBoard's `add_scalar` cleans it), and metrics.jsonl the whole
+  record."""
+  logger = MetricsLogger(str(tmp_path))
+  for step in (1, 2):
+    logger.log({"step": step, "time/step_s": 0.25 * step, "num_samples": 32,
+                "trainer/staleness_hist/>=8": 3, "done": True, "sample_ids": [1, 2],
+                "staleness_hist": {"0": 4}, "mode": "async", "loss": float("nan")})
+  logger.close()
+  summaries = [e for _, e in read_events(tmp_path / "tensorboard") if e.HasField("summary")]
+  assert [e.step for e in summaries] == [1, 2]
+  values = {v.tag: v.simple_value for v in summaries[1].summary.value}
+  assert values == {"step": 2.0, "time/step_s": 0.5, "num_samples": 32.0,
+                    "trainer/staleness_hist/__8": 3.0}, values
+  lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+  assert len(lines) == 2 and '"sample_ids": [1, 2]' in lines[1] and '"loss": "nan"' in lines[1]

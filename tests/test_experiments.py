@@ -53,6 +53,27 @@ def write_run(out: str, name: str, records: list[dict], overrides: dict) -> _run
   return _runs.RunSpec(name, overrides)
 
 
+def test_timed_seconds_count_what_lies_between_steps():
+  """Tried: steps whose stamps leave 0.1 s of bookkeeping (a log, a checkpoint) between them, the
+  first step of a run (nothing before it), a record without a stamp (an older run) and a resume
+  (its clock starts again, so the gap is negative). The bookkeeping must count where two stamps
+  bound it; elsewhere each step's own span stands in, never a negative or too-short gap."""
+  spans = [0.5, 0.4, 0.3, 0.2, 0.6]
+  clock = [0.5, 1.0, 1.4, None, 0.6]  # 0.1 s between steps 1 and 2; step 5 resumed (clock restarts)
+  records = [{"time/step_s": s, **({"time/clock_s": c} if c is not None else {})}
+             for s, c in zip(spans, clock)]
+  # step 1: its span; step 2: 1.0 - 0.5 (0.1 of bookkeeping); step 3: 1.4 - 1.0 (0.1);
+  # step 4: no stamp; step 5: gap 0.6 - None. -> 0.5 + 0.5 + 0.4 + 0.2 + 0.6
+  assert _summary.timed_seconds(records, 0) == pytest.approx(2.2)
+  assert _summary.timed_seconds(records, 2) == pytest.approx(0.4 + 0.2 + 0.6)
+  records[3]["time/clock_s"] = 1.7  # 0.1 of bookkeeping before step 4; step 5 still restarted
+  assert _summary.timed_seconds(records, 2) == pytest.approx(0.4 + 0.3 + 0.6)
+  # steady_throughput uses the same wall: 5 steps x 32 samples over it.
+  for r in records:
+    r["num_samples"] = 32
+  assert _summary.steady_throughput(records, 0) == pytest.approx(160 / (0.5 + 0.5 + 0.4 + 0.3 + 0.6))
+
+
 def test_finished_runs_are_reused_and_summarized(tmp_path):
   spec = write_run(str(tmp_path), "a2_s0", fake_records(20, alpha=2),
                    {"mode": "async", "async_ratio": 2, "steps": 20})

@@ -32,6 +32,7 @@ import time
 
 from absl import app, flags
 
+from experiments._summary import timed_seconds
 from flashrl_jax import envs
 from flashrl_jax.controller import (AgenticConfig, AgenticStats, Counters, EnvGroupRunner,
                                     EpisodeDeps, FixedLevel, Loop, MetricsLogger, Mode,
@@ -66,7 +67,7 @@ def real_run(workdir: str, mode: str) -> dict:
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     records = [json.loads(line) for line in f if line.strip()]
   timed = records[_WARMUP.value:]
-  seconds = sum(r["time/step_s"] for r in timed)
+  seconds = timed_seconds(records, _WARMUP.value)
   episodes = sum(r["num_samples"] for r in timed)
   return {"episodes_per_s": episodes / seconds, "episodes": episodes, "seconds": seconds,
           "train_s": statistics.median(r["time/train_s"] for r in timed),

@@ -13,8 +13,10 @@ cores + trainer cores, `--async_splits`). Runs are interleaved (each repeat runs
 regime back to back, the order reversed on odd repeats) and each row carries the load average
 measured during its run: other jobs share the machine.
 
-Throughput is over the steps after `--warmup_steps` (start-up and compilation excluded): trained
-samples/s and trained response tokens/s (they differ when async trains a different length mix).
+Throughput is over the steps after `--warmup_steps` (start-up and compilation excluded), on the
+wall clock from the end of the last warm-up step to the end of the last step (the runs' logging
+and checkpoints count): trained samples/s and trained response tokens/s (they differ when async
+trains a different length mix). The rollout share is of that wall time too.
 The profile columns say where each step's time went: waiting for data (`due`: the part of it spent
 with a full batch buffered, waiting for an in-flight group that must be trained by this step or the
 next ones to stay within α), training, export, and the handoff (pause + load + resume; in async
@@ -50,6 +52,7 @@ import time
 from absl import app, flags
 
 from experiments._server_profile import ServerSampler, server_profile
+from experiments._summary import timed_seconds
 
 _REGIMES = {  # name -> (config module, steps, warm-up steps)
     "longtail": ("bench_rlvr_longtail", 100, 10),
@@ -120,7 +123,7 @@ def summarize(records: list[dict], warmup: int) -> dict:
   timed = records[warmup:]
   if not timed:
     raise ValueError(f"only {len(records)} steps: nothing after {warmup} warm-up steps.")
-  seconds = sum(r["time/step_s"] for r in timed)
+  seconds = timed_seconds(records, warmup)
   samples = sum(r["num_samples"] for r in timed)
   tokens = sum(r["response_length_mean"] * r["num_samples"] for r in timed)
   mean = lambda key: statistics.fmean(r.get(key, 0.0) for r in timed)

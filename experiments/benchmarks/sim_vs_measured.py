@@ -49,6 +49,7 @@ import numpy as np
 from absl import app, flags
 
 from experiments import _calibration
+from experiments._summary import timed_seconds
 from experiments._server_profile import ServerSampler, server_profile
 from flashrl_jax import sim
 from flashrl_jax.scheduling import EmpiricalLengths
@@ -195,8 +196,8 @@ def calibrated_step_s(calibration: dict, live: float, servers: int) -> float:
 
 def measured(workdir: str, warmup: int) -> dict:
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f if line.strip()][warmup:]
-  seconds = sum(r["time/step_s"] for r in records)
+    every = [json.loads(line) for line in f if line.strip()]
+  records, seconds = every[warmup:], timed_seconds(every, warmup)
   return {"samples_per_s": sum(r["num_samples"] for r in records) / seconds,
           "train_s": float(np.mean([r["time/train_s"] for r in records])),
           "wait_s": float(np.mean([r["time/wait_data_s"] for r in records])),

@@ -31,7 +31,7 @@ def get_config():
   config = repeat.get_config()
   return dataclasses.replace(
       config, model_path=BENCH_MODEL_DIR, workdir="runs/bench_rlvr", batch_size=8, group_size=8,
-      steps=24, eval_every=0,
+      steps=24, eval_every=0, checkpoint_every=50,  # as bench_rlvr_longtail's (its docstring)
       task=dataclasses.replace(config.task, synthetic=bench_task()),
       train=config.train.replace(batch=BatchConfig(row_length=256, rows=16, sequences_per_row=16,
                                                    max_response_length=MAX_ANSWER + 8)),

@@ -65,7 +65,7 @@ def get_config():
   train = config.train
   return dataclasses.replace(
       config, model_path=LONGTAIL_MODEL_DIR, workdir="runs/bench_rlvr_longtail", batch_size=16,
-      group_size=2, steps=100, eval_every=0, precompile=True,
+      group_size=2, steps=100, eval_every=0, precompile=True, checkpoint_every=50,
       task=dataclasses.replace(config.task, synthetic=longtail_task()),
       train=train.replace(
           loss=dataclasses.replace(train.loss, aggregation=Aggregation.SEQ_MEAN_TOKEN_MEAN),

@@ -94,6 +94,7 @@ class Loop:
     self._fleet_seen = (0, 0)  # the fleet's (failures, restarts) already in `counters`
     self._checkpoint_times: dict[str, float] = {}  # the last checkpoint's, for the next record
     self._handoff: asyncio.Task | None = None  # async mode: the handoff running behind training
+    self._clock_origin = time.perf_counter()  # `time/clock_s` counts from here
 
   async def run(self) -> None:
     # Servers start from whatever they loaded; make them serve exactly the learner's version.
@@ -200,7 +201,8 @@ class Loop:
     else:
       handoff = await self._publish_behind(on_published)
     self.counters.samples_trained += sample_metrics["num_samples"]
-    wall = time.perf_counter() - step_start
+    end = time.perf_counter()
+    wall = end - step_start
     stats = self.fleet.stats()
     failures, restarts = self._fleet_seen
     self.counters.server_failures += stats.server_failures - failures
@@ -218,6 +220,10 @@ class Loop:
         "async_ratio": cfg.async_ratio, "num_processes": self.learner.num_processes,
         **sample_metrics,
         **times, "time/train_s": t1 - t0, **handoff, "time/step_s": wall,
+        # When this step ended (before its evaluation, log and checkpoint), from the loop's start:
+        # between two steps' stamps lies everything the run did, bookkeeping included, which
+        # `time/step_s` (the step's own span) leaves out. Throughput is measured on these.
+        "time/clock_s": end - self._clock_origin,
         "samples_per_s": sample_metrics["num_samples"] / max(wall, 1e-9),
         "dropped_stale": dropped_now,
         # Which prompts a server refused as invalid since the last record (the only prompts a run
