@@ -1,6 +1,7 @@
 """The simulator's validation plumbing: a calibration becomes the simulated run (checked against a
 hand-computed step), the calibration's fits, the layouts it measures, and the paper-scale entry."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -86,8 +87,12 @@ def test_layouts_follow_the_runs_placement():
   split = _calibration.load_config(path, mode="async", async_ratio=2)
   async_ = _calibration.layout(split, [0, 1])
   # The event loop runs beside the learner process (None: on the trainer's cores), as in a run.
-  assert async_.server_cpus == ((0,), (0,)) and async_.client_cpus is None
+  assert async_.server_cpus == ((0,),) and async_.client_cpus is None  # one server per core
   assert async_.train_cpus == (1,) and len(async_.workers) == 1
+  # Two servers on the one rollout core are one worker (their slots summed).
+  shared = _calibration.layout(
+      split.replace(rollout=dataclasses.replace(split.rollout, num_servers=2)), [0, 1])
+  assert shared.server_cpus == ((0,), (0,)) and len(shared.workers) == 1
   in_process = _calibration.layout(split.replace(learner_process=False), [0, 1])
   assert in_process.client_cpus == (0,)
 
