@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flashrl_jax import sim
+from flashrl_jax.sim import _worker as sim_worker
 from flashrl_jax.scheduling import EmpiricalLengths, LengthDistribution, PauseMode
 
 
@@ -270,3 +271,34 @@ def test_the_overlap_of_training_and_rollout_is_reported():
       pytest.approx(0.8))
   for lockstep in (run(sim.AsyncTraining(alpha=0, train_gpus=1)), run(sim.SyncTraining())):
     assert (lockstep.train_beside_rollout, lockstep.rollout_beside_train) == (0.0, 0.0)
+
+
+
+def test_an_engine_padding_to_the_longest_context_prices_every_step_there():
+  """Two requests on one worker: A (prompt 100 tokens, 50 to decode) and B (prompt 20, 300). A step
+  costs 1 ms at context 100 and 0.5% more per context token. Priced at the longest context (our
+  engine pads a step's requests to the longest one's span), the step follows A while A is live and
+  B once A has left; priced at the mean, it follows their mean. Hand-computed at admission, after
+  10 tokens, and after A finished."""
+  def worker(context_of):
+    decode = sim.TabulatedDecode((1, 2), (0.001, 0.001), context_ref=100.0, context_slope=0.005,
+                                 context_of=context_of)
+    w = sim_worker.Worker(0, slots=2, decode=decode, prefill_s_per_token=0.0)
+    group = sim_worker.Group(0, 0.0, [50, 300], prompt_tokens=100, issue_time=0.0)
+    group.requests[1].prompt_tokens = 20
+    for request in group.requests:
+      w.admit(request, 0.0)
+    return w
+
+  longest, mean = worker(sim.Context.LONGEST), worker(sim.Context.MEAN)
+  step = lambda context: 0.001 * (1 + 0.005 * (context - 100))
+  assert longest.step_time() == pytest.approx(step(100))  # contexts 100 and 20
+  assert mean.step_time() == pytest.approx(step(60))
+  for w in (longest, mean):  # time stands still (`last`): only the decoded tokens move
+    w.progress, w.last = 10.0, 1.0  # both decoded 10 tokens: contexts 110 and 30
+  assert longest.step_time() == pytest.approx(step(110))
+  assert mean.step_time() == pytest.approx(step(70))
+  for w in (longest, mean):
+    w.progress = 50.0
+    assert [r.index for r in w.pop_finished(1.0)] == [0]  # A is done; B's context is 70
+    assert w.step_time() == pytest.approx(step(70))

@@ -90,7 +90,9 @@ def sim_config(calibration: dict, mode: str, alpha: int, batch_size: int, group_
       **calibration["interference"],
       decode=sim.TabulatedDecode(ro["decode_active"], [s * r for s in ro["decode_step_s"]],
                                  context_ref=ro.get("decode_context_ref", 0.0),
-                                 context_slope=ro.get("decode_context_slope", 0.0)),
+                                 context_slope=ro.get("decode_context_slope", 0.0),
+                                 # Our engine pads a step's requests to the longest one's span.
+                                 context_of=sim.Context.LONGEST),
       request_s=ro["request_s"] * r, reward_s=(ro["reward_s"] + ro["latency_s"]) * r,
       train=sim.TabulatedTrain(tr["train_tokens"], [s * t for s in tr["train_s"]]),
       sync=sim.SyncModel(export_s=tr["export_s"] * t, **handoff))

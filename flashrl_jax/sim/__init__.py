@@ -17,6 +17,7 @@ from flashrl_jax.sim._bound import (
 )
 from flashrl_jax.sim._config import SimConfig
 from flashrl_jax.sim._costs import (
+    Context,
     CostModel,
     DecodeModel,
     LinearDecode,
@@ -43,6 +44,7 @@ from flashrl_jax.sim._training import AsyncTraining, SyncTraining
 __all__ = [
     "AsyncTraining",
     "BatchRollout",
+    "Context",
     "CostModel",
     "DecodeModel",
     "GroupPlacement",

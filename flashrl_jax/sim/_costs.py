@@ -8,25 +8,35 @@ scale (a roofline: a decode step reads the weights once plus every active reques
 A decode model is a strategy object with one method, `step_time(active, context) -> seconds`: one
 decode step advances every active request of a worker by one token, so a worker with `a` active
 requests makes `a / step_time(a)` tokens/s and each request `1 / step_time(a)` tokens/s. `context`
-is the mean context (prompt + generated tokens) of the active requests, for models whose step
-depends on it; `context_sensitive` says whether the simulator must re-time a long decode as the
-contexts grow.
+is the context (prompt + generated tokens) the step is priced at, for models whose step depends on
+it: the active requests' mean (an engine whose attention reads each request's own cache, as
+SGLang's paged kernels do) or their longest (`Context.LONGEST`: an engine that pads every request
+of a step to one span, as ours does, `flashrl_jax.rollout._runner`); `context_sensitive` says
+whether the simulator must re-time a long decode as the contexts grow.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Protocol
 
 import numpy as np
 
 
+class Context(enum.Enum):
+  """Which context of a worker's active requests its decode step is priced at."""
+  MEAN = "mean"
+  LONGEST = "longest"
+
+
 class DecodeModel(Protocol):
   context_sensitive: bool
+  context_of: Context
 
   def step_time(self, active: int, context: float = 0.0) -> float:
-    """Seconds for one decode step of one worker with `active` concurrent requests (>= 1) whose
-    mean context is `context` tokens."""
+    """Seconds for one decode step of one worker with `active` concurrent requests (>= 1), priced
+    at `context` tokens (their mean or longest context, per `context_of`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +46,7 @@ class LinearDecode:
   t_base_s: float
   t_per_active_s: float = 0.0
   context_sensitive = False
+  context_of = Context.MEAN
 
   def __post_init__(self):
     if self.t_base_s <= 0 or self.t_per_active_s < 0:
@@ -64,6 +75,7 @@ class RooflineDecode:
   flops: float
   overhead_s: float = 0.0
   context_sensitive = False  # priced at `mean_context`, a workload constant
+  context_of = Context.MEAN
 
   def __post_init__(self):
     if min(self.weight_bytes, self.bandwidth, self.flops, self.params) <= 0:
@@ -95,15 +107,19 @@ class TabulatedDecode:
   What a measured engine gives: its step time is not linear in the active count (decode runs on
   power-of-two buckets of slots, and a core shared by several server processes takes their steps
   in turn), so the measurements are used as they are. Below the first point the first value holds;
-  beyond the last, the last segment's slope continues. The table holds at mean context
-  `context_ref`; an engine whose decode attends over each request's own cache costs more with
-  longer contexts, by a factor `1 + context_slope · (context − context_ref)` (measured too).
+  beyond the last, the last segment's slope continues. The table holds at context `context_ref`;
+  an engine whose decode attends over the requests' caches costs more with longer contexts, by a
+  factor `1 + context_slope · (context − context_ref)` (measured too, with every request at the
+  same context), where the context is the requests' mean or their longest (`context_of`: our
+  engine pads a step's requests to one span set by the longest, so a long request makes every
+  request beside it cost what it does).
   """
 
   active: tuple[int, ...]
   step_s: tuple[float, ...]
   context_ref: float = 0.0
   context_slope: float = 0.0
+  context_of: Context = Context.MEAN
 
   def __post_init__(self):
     object.__setattr__(self, "active", tuple(int(a) for a in self.active))

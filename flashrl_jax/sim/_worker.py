@@ -127,7 +127,14 @@ class Worker:
 
   def step_time(self) -> float:
     a = len(self.active)
-    context = self._context_base / a + self.progress if a else 0.0
+    if not a:
+      context = 0.0
+    elif self.decode.context_sensitive and self.decode.context_of is _costs.Context.LONGEST:
+      # A request's context: its prompt + what it decoded since admission (progress − its start).
+      context = self.progress + max(r.prompt_tokens - (r.threshold - r.length)
+                                    for _, _, r in self.active)
+    else:
+      context = self._context_base / a + self.progress
     return self.decode.step_time(a, context) * self.slow
 
   def _leave(self, request: Request) -> None:
