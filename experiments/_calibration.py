@@ -302,32 +302,26 @@ class _Bench:
     # fixed(a) = latency + (a / workers) * request_s: a worker admits its a/workers requests one
     # after another (blocking), while the round trip is paid once.
     slope, intercept = np.polyfit(per_worker, fixed, 1)
-    # Context: the decode step near a short context (the task's prompts) and near a long one
-    # (prompts filling the row), each over the same short window of tokens, so each stays at
-    # its context (the table above runs from p to p + L2 and so mixes both); the relative growth
-    # per token of context. The engine pads a step to its longest request's span, so the step
-    # grows in steps of spans: this is the line through two of them.
+    # Context: the same decode after prompts of half a row (contexts P..P + L2c instead of
+    # p..p + L2), at two live counts; the relative growth per token of mean context.
     prompt = float(np.mean([len(self.tokenizer.encode(p.prompt)) for p in self.prompts]))
     context_ref = prompt + (l1 + l2) / 2
-    w1, window = min(8, l1), 64
-    long_prompt = self.config.train.batch.row_length - w1 - window - 2
+    long_prompt = self.config.train.batch.row_length // 2
+    l2c = self.config.train.batch.row_length - long_prompt - 2
     slopes = []
-    if long_prompt > prompt + 2 * window:
+    if long_prompt > prompt + 32 and l2c - l1 >= 32:
       probes = sorted({active[0], active[len(active) // 2]})
-      probe: dict[tuple[int, int, bool], list[float]] = {}
+      long: dict[tuple[int, int], list[float]] = {}
       for a in probes:
-        await self.batch(a, w1, long_prompt)  # compiles the long prefill bucket
+        await self.batch(a, l1, long_prompt)  # compiles the long prefill bucket
       for _ in range(self.reps):
         for a in probes:
-          for long in (False, True):
-            for tokens in (w1, w1 + window):
-              probe.setdefault((a, tokens, long), []).append(
-                  await self.batch(a, tokens, long_prompt if long else None))
+          for tokens in (l1, l2c):
+            long.setdefault((a, tokens), []).append(await self.batch(a, tokens, long_prompt))
       for a in probes:
-        short_step, long_step = ((_median(probe[(a, w1 + window, long)]) -
-                                  _median(probe[(a, w1, long)])) / window for long in (False, True))
-        if short_step > 0:
-          slopes.append((long_step / short_step - 1.0) / (long_prompt - prompt))
+        step_long = (_median(long[(a, l2c)]) - _median(long[(a, l1)])) / (l2c - l1)
+        ratio = step_long / step[active.index(a)]
+        slopes.append((ratio - 1.0) / (long_prompt + (l1 + l2c) / 2 - context_ref))
     return {"decode_active": per_worker, "decode_step_s": step,
             "decode_context_ref": context_ref,
             "decode_context_slope": max(float(np.median(slopes)), 0.0) if slopes else 0.0,
