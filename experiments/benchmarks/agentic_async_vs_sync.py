@@ -21,7 +21,6 @@ Last line: `agentic_async_speedup_vs_sync: <async episodes/s / sync episodes/s, 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import statistics
@@ -34,9 +33,8 @@ from absl import app, flags
 
 from experiments._summary import timed_seconds
 from flashrl_jax import envs
-from flashrl_jax.controller import (AgenticConfig, AgenticStats, Counters, EnvGroupRunner,
-                                    EpisodeDeps, FixedLevel, Loop, MetricsLogger, Mode,
-                                    PromptSource, RunConfig, TaskConfig)
+from flashrl_jax.controller import (AgenticStats, Counters, EnvGroupRunner, EpisodeDeps,
+                                    FixedLevel, Loop, MetricsLogger, Mode, PromptSource)
 from flashrl_jax.fleet import Fleet, LocalServers, PauseMode, RolloutClient, SamplingParams
 from flashrl_jax.model import char_tokenizer
 from flashrl_jax.testing import stub_server_command

@@ -16,13 +16,12 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
-import enum
 import json
 import logging
 import os
 import socket
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 
