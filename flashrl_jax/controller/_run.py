@@ -83,14 +83,14 @@ def engine_server_args(config: RunConfig) -> tuple[str, ...]:
 def _start_servers(config: RunConfig, placement: Placement, log_dir: str, vocab_size: int,
                    pid_file: str) -> LocalServers:
   r = config.rollout
-  extra = engine_server_args(config)
-  if failpoints.needs_engine_kill():  # a fault test stops an engine thread through its route
-    extra += ("--enable_fault_injection",)
-  command = None
   if r.backend is RolloutBackend.STUB:  # run as a script: no JAX import, starts in a blink
     command = stub_server_command()
     extra = (f"--max_running_requests={r.max_running_requests}", f"--vocab_size={vocab_size}",
              f"--context_length={config.train.batch.row_length}", "--weight_version=0")
+  else:
+    command, extra = None, engine_server_args(config)
+    if failpoints.needs_engine_kill():  # a fault test stops an engine thread through its route
+      extra += ("--enable_fault_injection",)
   return LocalServers.start(config.model_path, placement.num_servers,
                             cpu_sets=placement.server_cpus,
                             server_env=placement.server_env, extra_args=extra, log_dir=log_dir,

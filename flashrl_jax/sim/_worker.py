@@ -73,6 +73,12 @@ class Request:
     self.cancelled = False
 
 
+def _context_offset(request: Request) -> float:
+  """An active request's context minus the worker's `progress`: its prompt + what it decoded since
+  admission (`progress − its start`, its start being `threshold − length`)."""
+  return request.prompt_tokens - (request.threshold - request.length)
+
+
 class Worker:
   """A rollout worker with `slots` concurrent decode slots (continuous batching)."""
 
@@ -130,15 +136,13 @@ class Worker:
     if not a:
       context = 0.0
     elif self.decode.context_sensitive and self.decode.context_of is _costs.Context.LONGEST:
-      # A request's context: its prompt + what it decoded since admission (progress − its start).
-      context = self.progress + max(r.prompt_tokens - (r.threshold - r.length)
-                                    for _, _, r in self.active)
+      context = self.progress + max(_context_offset(r) for _, _, r in self.active)
     else:
       context = self._context_base / a + self.progress
     return self.decode.step_time(a, context) * self.slow
 
   def _leave(self, request: Request) -> None:
-    self._context_base -= request.prompt_tokens - (request.threshold - request.length)
+    self._context_base -= _context_offset(request)
 
   def set_slow(self, now: float, factor: float) -> None:
     """From `now` on, every cost takes `factor` times as long (progress so far is kept)."""
