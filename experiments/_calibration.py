@@ -12,6 +12,9 @@ this process instead puts the async event loop on the rollout cores), and measur
   its growth with context (the same with prompts as long as a training row allows), the
   per-request cost that blocks a core (prefill, HTTP, client work: the slope of the intercept in
   `a`) and the per-request latency that does not (the intercept's intercept);
+- async layout only, the per-request cost as an async run meets it: a steady stream of groups
+  (`_Bench.stream`: requests arriving one group at a time while others decode cost a server ~5x
+  what a batch admitted at once does), with the servers' CPU contention over it;
 - response lengths: the initial policy on prompts of the task that the runs never draw (same
   sampling), kept as groups (`scheduling.EmpiricalLengths`);
 - the weight handoff (`Fleet.publish`, the run's pause mode), with idle servers (what a sync
@@ -171,6 +174,14 @@ def layout(config: RunConfig, cores: list[int]) -> Layout:
   return Layout(tuple(plan.server_cpus), plan.controller_cpus, tuple(plan.trainer_cpus))
 
 
+def _server_counters(url: str) -> dict[str, float]:
+  """A server's decode counters (`/server_info`), as `experiments._server_profile` reads a run's."""
+  import urllib.request
+  with urllib.request.urlopen(f"{url}/server_info", timeout=5) as resp:
+    state = json.load(resp)["internal_states"][0]
+  return {k: float(state.get(k, 0)) for k in ("decode_steps", "busy_slot_steps")}
+
+
 def _median(values) -> float:
   return float(statistics.median(values))
 
@@ -327,6 +338,64 @@ class _Bench:
             "decode_context_slope": max(float(np.median(slopes)), 0.0) if slopes else 0.0,
             "request_s": max(float(slope), 0.0), "latency_s": max(float(intercept), 0.0),
             "decode_tokens": [l1, l2], "raw": {f"{a}x{t}": v for (a, t), v in walls.items()}}
+
+  async def stream(self, urls: list[str], groups: list[list[int]], decode: dict[str, Any],
+                   seconds: float = 4.0) -> dict[str, Any]:
+    """The per-request cost as an async run makes requests: a steady stream of groups (n requests
+    of one prompt, lengths drawn from the initial policy's groups, `ignore_eos`), each lane sending
+    its next group as soon as its last one is scored, so the servers hold about half their slots
+    and requests arrive one group at a time, while earlier ones decode. The batches of `decode`
+    admit a batch at once (prefills of up to `max_prefill_batch`, one HTTP burst), which is how a
+    sync step's requests arrive, not an async run's; measured here (2026-11-26, long-tail model,
+    one server, 8 live requests) a stream's server made 14,000 tokens/s against a static batch's
+    24,000, its decode iteration 0.42 ms against 0.29 (the HTTP and admission work of the requests
+    arriving and leaving runs on the same core, inside the decode calls' wall time).
+
+    What the stream's server time holds beyond the decode steps the static table prices (each
+    server's decode steps at its mean live requests) is charged per request: `request_s`; the
+    servers' CPU contention over the stream is what an async run's is compared with."""
+    from flashrl_jax.fleet import SamplingParams
+    rng = np.random.default_rng(0)
+    n = self.config.group_size
+    lanes = max(1, self.slots * self.workers // (2 * n))
+    table = (decode["decode_active"], decode["decode_step_s"])
+    requests = 0
+
+    async def lane(end: float) -> None:
+      nonlocal requests
+      while time.perf_counter() < end:
+        lengths = groups[int(rng.integers(len(groups)))]
+        sample = self.prompts[self._count % len(self.prompts)]
+        self._count += 1
+        await asyncio.gather(*(self.one(SamplingParams(
+            max_new_tokens=max(int(length), 1), ignore_eos=True,
+            temperature=self.config.rollout.temperature), sample) for length in lengths[:n]))
+        requests += len(lengths[:n])
+
+    await asyncio.gather(*(lane(time.perf_counter() + 1.0) for _ in range(lanes)))  # warm
+    walls, per_request = [], []
+    servers = processes(os.getpid())[1]
+    cpu_before = cpu_times(servers)
+    for _ in range(self.reps):
+      requests = 0
+      before = [_server_counters(u) for u in urls]
+      start = time.perf_counter()
+      await asyncio.gather(*(lane(start + seconds) for _ in range(lanes)))
+      wall = time.perf_counter() - start
+      after = [_server_counters(u) for u in urls]
+      decoding = 0.0
+      for b, a in zip(before, after):
+        steps = a["decode_steps"] - b["decode_steps"]
+        if steps:
+          live = (a["busy_slot_steps"] - b["busy_slot_steps"]) / steps
+          decoding += steps * float(np.interp(live, *table))
+      walls.append(wall)
+      per_request.append(max(wall * len(urls) - decoding, 0.0) / max(requests, 1))
+    # The servers' threads (HTTP, engine, XLA) wait for one another on their core in a stream as
+    # they do in a run: the contention a run's is compared with (sim_vs_measured).
+    return {"request_s": _median(per_request), "lanes": lanes, "seconds": walls,
+            "raw_request_s": per_request,
+            "contention": contention(cpu_before, cpu_times(servers))}
 
   async def handoff(self) -> dict[str, dict[str, float]]:
     """`Fleet.publish` (the run's pause mode) of the initial weights as new versions."""
@@ -486,6 +555,10 @@ async def _measure(config: RunConfig, place: Layout, urls: list[str],
     before = cpu_times(servers)
     decode = await bench.decode(median_len)
     decode["contention"] = contention(before, cpu_times(servers))
+    if is_async:  # requests arrive as a stream, not as a batch (`_Bench.stream`)
+      stream = await bench.stream(urls, groups, decode)
+      decode = {**decode, "request_batch_s": decode["request_s"],
+                "request_s": stream["request_s"], "stream": stream}
     rollout = {"workers": bench.workers, "slots": bench.slots, "length_groups": groups,
                "prompt_tokens": prompt_tokens, **decode,
                "handoff": await bench.handoff(), "reward_s": await bench.reward()}

@@ -147,7 +147,10 @@ def reference_contention(calibration: dict, mode: str, overlap: Overlap | None =
 
   Sync: the decode's and the train step's, measured alone (a sync run's phases do not overlap);
   so is an async calibration that measured no interference (written before 2026-11-26 for 1+1).
-  Async: the trainer shares its core with the client's loop (and in 2+1 a server), so a run's
+  Async: the servers' contention is the one measured over the calibration's steady stream of
+  requests where there is one (a server's HTTP, engine and XLA threads wait for one another on its
+  core in a stream, and the stream's per-request cost already charges that); the trainer shares
+  its core with the client's loop (and in 2+1 a server), so a run's
   contention holds that sharing while both sides work; the calibrated interference factors already
   charge it, so the reference holds it too, for the same share of the time. The sharing is the
   ratio beside / alone of contentions taken in one measurement each (background load of that
@@ -157,6 +160,8 @@ def reference_contention(calibration: dict, mode: str, overlap: Overlap | None =
   alone = Contention(ro["contention"], tr["alone"]["contention"])
   if mode == "sync":
     return alone
+  if "stream" in ro:  # the servers as an async run keeps them: a steady stream of requests
+    alone = Contention(ro["stream"]["contention"], alone.trainer)
   if overlap is None:
     raise ValueError("an async reference needs the simulated overlap of training and rollout")
   if "beside_train" not in ro:  # no interference measured
@@ -377,7 +382,10 @@ def main(argv):
             + ", ".join(f"{a}:{s * 1e3:.2f}ms" for a, s in zip(ro["decode_active"],
                                                               ro["decode_step_s"]))
             + f" (+{ro.get('decode_context_slope', 0.0) * 100:.2f}%/context token)"
-            + f"; request {ro['request_s'] * 1e3:.2f}ms + latency {ro['latency_s'] * 1e3:.1f}ms; "
+            + f"; request {ro['request_s'] * 1e3:.2f}ms"
+            + (f" (in a stream; {ro['request_batch_s'] * 1e3:.2f}ms admitted as a batch)"
+               if "stream" in ro else "")
+            + f" + latency {ro['latency_s'] * 1e3:.1f}ms; "
             f"train {tr['train_s'][0]:.3f}-{tr['train_s'][1]:.3f}s for {tr['train_tokens'][0]}-"
             f"{tr['train_tokens'][1]} tokens, export {tr['export_s']:.3f}s; train "
             f"x{inter['train_beside_rollout']:.2f} beside rollout, rollout "
