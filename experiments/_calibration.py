@@ -174,6 +174,25 @@ def layout(config: RunConfig, cores: list[int]) -> Layout:
   return Layout(tuple(plan.server_cpus), plan.controller_cpus, tuple(plan.trainer_cpus))
 
 
+def stream_request_s(server_s: float, before: list[dict[str, float]],
+                     after: list[dict[str, float]], active: list[int], step_s: list[float],
+                     requests: int) -> float:
+  """Server seconds per request of a stream whose servers were on a CPU `server_s` seconds (all
+  their threads, summed), beyond its decode steps priced by the static table (`active`, `step_s`)
+  at each server's mean live requests over the window (`before`/`after`: the servers'
+  `decode_steps`, `busy_slot_steps` counters). CPU time, not wall time: a server waiting for the
+  next request (the lanes' round trips, the client's scoring) costs a run nothing."""
+  if requests < 1:
+    raise ValueError("a stream window without a finished request prices nothing")
+  decoding = 0.0
+  for b, a in zip(before, after, strict=True):
+    steps = a["decode_steps"] - b["decode_steps"]
+    if steps:
+      live = (a["busy_slot_steps"] - b["busy_slot_steps"]) / steps
+      decoding += steps * float(np.interp(live, active, step_s))
+  return max(server_s - decoding, 0.0) / requests
+
+
 def _server_counters(url: str) -> dict[str, float]:
   """A server's decode counters (`/server_info`), as `experiments._server_profile` reads a run's."""
   import urllib.request
@@ -351,7 +370,7 @@ class _Bench:
     24,000, its decode iteration 0.42 ms against 0.29 (the HTTP and admission work of the requests
     arriving and leaving runs on the same core, inside the decode calls' wall time).
 
-    What the stream's server time holds beyond the decode steps the static table prices (each
+    What the stream's server CPU time holds beyond the decode steps the static table prices (each
     server's decode steps at its mean live requests) is charged per request: `request_s`; the
     servers' CPU contention over the stream is what an async run's is compared with."""
     from flashrl_jax.fleet import SamplingParams
@@ -379,18 +398,13 @@ class _Bench:
     for _ in range(self.reps):
       requests = 0
       before = [_server_counters(u) for u in urls]
+      on_cpu = cpu_times(servers)[0]
       start = time.perf_counter()
       await asyncio.gather(*(lane(start + seconds) for _ in range(lanes)))
-      wall = time.perf_counter() - start
+      walls.append(time.perf_counter() - start)
+      server_s = cpu_times(servers)[0] - on_cpu
       after = [_server_counters(u) for u in urls]
-      decoding = 0.0
-      for b, a in zip(before, after):
-        steps = a["decode_steps"] - b["decode_steps"]
-        if steps:
-          live = (a["busy_slot_steps"] - b["busy_slot_steps"]) / steps
-          decoding += steps * float(np.interp(live, *table))
-      walls.append(wall)
-      per_request.append(max(wall * len(urls) - decoding, 0.0) / max(requests, 1))
+      per_request.append(stream_request_s(server_s, before, after, *table, requests))
     # The servers' threads (HTTP, engine, XLA) wait for one another on their core in a stream as
     # they do in a run: the contention a run's is compared with (sim_vs_measured).
     return {"request_s": _median(per_request), "lanes": lanes, "seconds": walls,

@@ -226,6 +226,38 @@ def test_async_reference_holds_the_sharing_for_the_time_it_is_shared():
       Contention(1.5, 1.2)
 
 
+def test_a_streams_request_cost_is_its_server_time_beyond_the_priced_decode_steps():
+  table = ([1, 2, 4, 8], [1e-4, 2e-4, 3e-4, 5e-4])
+  # Two servers on a CPU 4 s together: 1000 steps at 6 live (4e-4 s each, interpolated) and 500
+  # at 2 live (2e-4 s): 0.4 + 0.1 s of decode leaves 3.5 s for 100 requests.
+  before = [{"decode_steps": 10, "busy_slot_steps": 60}, {"decode_steps": 0, "busy_slot_steps": 0}]
+  after = [{"decode_steps": 1010, "busy_slot_steps": 6060},
+           {"decode_steps": 500, "busy_slot_steps": 1000}]
+  assert _calibration.stream_request_s(4.0, before, after, *table, requests=100) == \
+      pytest.approx(0.035)
+  # A server that decoded nothing adds all its CPU time; more decode than CPU is not negative.
+  idle = [{"decode_steps": 5, "busy_slot_steps": 5}]
+  assert _calibration.stream_request_s(1.0, idle, idle, *table, requests=10) == pytest.approx(0.1)
+  busy = [{"decode_steps": 10_000, "busy_slot_steps": 80_000}]
+  assert _calibration.stream_request_s(1.0, idle, busy, *table, requests=10) == 0.0
+  with pytest.raises(ValueError, match="without a finished request"):
+    _calibration.stream_request_s(1.0, idle, idle, *table, requests=0)
+
+
+def test_async_servers_are_referenced_at_the_contention_of_the_calibrations_stream():
+  # A server's own threads wait for one another in a stream of requests (contention 1.8 here)
+  # more than over static decode batches (1.5): an async run is a stream, so its servers are
+  # compared with the stream, the sync layout's with the batches; the trainer's side is as before.
+  Contention, Overlap = sim_vs_measured.Contention, sim_vs_measured.Overlap
+  cal = _async_calibration(servers_sharing=1.5, trainer_sharing=2.0)
+  cal["rollout"]["stream"] = {"request_s": 0.001, "contention": 1.8}
+  assert sim_vs_measured.reference_contention(cal, "sync") == Contention(1.5, 1.2)
+  always = sim_vs_measured.reference_contention(cal, "async", Overlap(1.0, 1.0))
+  assert always == Contention(pytest.approx(1.8 * 1.5), pytest.approx(1.2 * 2.0))
+  alone = sim_vs_measured.reference_contention(cal, "async", Overlap(0.0, 0.0))
+  assert alone == Contention(pytest.approx(1.8), pytest.approx(1.2))
+
+
 def test_an_async_run_that_meets_only_the_calibrated_sharing_is_not_rescaled():
   # The run's contention is the calibration's beside the other side, nothing else: the
   # interference factors charge that sharing already, so the prediction must stay (close to) the
