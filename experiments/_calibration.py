@@ -13,8 +13,9 @@ this process instead puts the async event loop on the rollout cores), and measur
   per-request cost that blocks a core (prefill, HTTP, client work: the slope of the intercept in
   `a`) and the per-request latency that does not (the intercept's intercept);
 - async layout only, the per-request cost as an async run meets it: a steady stream of groups
-  (`_Bench.stream`: requests arriving one group at a time while others decode cost a server ~5x
-  what a batch admitted at once does), with the servers' CPU contention over it;
+  (`_Bench.stream`: on the long-tail server a request arriving alone while others decode cost
+  4.5x what one of a batch admitted at once does, 1.17 against 0.26 ms), with the servers' CPU
+  contention over it;
 - response lengths: the initial policy on prompts of the task that the runs never draw (same
   sampling), kept as groups (`scheduling.EmpiricalLengths`);
 - the weight handoff (`Fleet.publish`, the run's pause mode), with idle servers (what a sync
