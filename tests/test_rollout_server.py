@@ -145,6 +145,30 @@ def test_generate_single_text_batch_n_and_stream(url):
   assert chunks[-1]["output_ids"] == out["output_ids"]
 
 
+def test_a_body_parsed_on_a_worker_thread_answers_as_one_parsed_inline(url):
+  # Bodies up to 16 KiB are parsed on the server's event loop, larger ones on a worker thread
+  # (`_INLINE_PARSE_BYTES`); JSON's whitespace makes the same request cross that line.
+  from flashrl_jax.rollout import _server
+  body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 5, "temperature": 0}}
+  compact = json.dumps(body).encode()
+  padded = compact + b" " * (_server._INLINE_PARSE_BYTES + 1)
+  assert len(compact) <= _server._INLINE_PARSE_BYTES < len(padded)
+
+  def send(data):
+    req = urllib.request.Request(url + "/generate", data=data)
+    try:
+      with urllib.request.urlopen(req, timeout=120) as resp:
+        return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+      return e.code, json.loads(e.read())
+  (s1, inline), (s2, threaded) = send(compact), send(padded)
+  assert s1 == s2 == 200 and inline["output_ids"] == threaded["output_ids"]
+  assert len(inline["output_ids"]) == 5
+  bad = json.dumps({"input_ids": [5, 96]}).encode()  # outside the tiny model's vocabulary
+  (s3, e1), (s4, e2) = send(bad), send(bad + b" " * (_server._INLINE_PARSE_BYTES + 1))
+  assert s3 == s4 == 400 and e1 == e2 and "vocabulary" in json.dumps(e1)
+
+
 BAD = [
     ({"input_ids": [5], "sampling_params": {"max_new_tokens": 2, "temprature": 1}}, "temprature"),
     ({"input_ids": [5], "text": "a"}, "not both"),

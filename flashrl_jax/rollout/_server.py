@@ -133,6 +133,14 @@ def _submit(engine: Engine, job: GenerateJob, on_update) -> list:
   return submitted
 
 
+# Bodies up to this size are parsed and queued on the event loop: a rollout request (a prompt of a
+# few hundred token ids) parses in tens of microseconds, while the hop to a worker thread and back
+# costs two wake-ups of a loop that shares its core with decoding (measured on a one-core server
+# with requests of one new token: the per-request CPU time below, docs/benchmarks.md). Larger
+# bodies (long prompts as text, big batches) still go to a thread so the loop stays responsive.
+_INLINE_PARSE_BYTES = 16 * 1024
+
+
 def _parse_and_submit(raw: bytes, engine: Engine, limits: Limits, on_update) -> tuple:
   """JSON, validation, tokenization and queuing: the request's CPU work, on a worker thread."""
   encode = engine.tokenizer.encode if engine.tokenizer is not None else None
@@ -188,6 +196,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
   loop = asyncio.get_running_loop()
   updates: asyncio.Queue = asyncio.Queue()
   on_update = lambda index, out: loop.call_soon_threadsafe(updates.put_nowait, (index, out))
+  if len(raw) <= _INLINE_PARSE_BYTES:  # an RL rollout's request: cheaper here than a thread hop
+    job, submitted = _parse_and_submit(raw, engine, request.app[_LIMITS], on_update)
+    return await _answer(request, engine, job, submitted, updates)
   work = asyncio.ensure_future(asyncio.to_thread(_parse_and_submit, raw, engine,
                                                  request.app[_LIMITS], on_update))
   try:
@@ -196,6 +207,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
     work.add_done_callback(lambda w: w.cancelled() or w.exception() or
                            [engine.abort(r.rid) for r in w.result()[1]])
     raise
+  return await _answer(request, engine, job, submitted, updates)
+
+
+async def _answer(request: web.Request, engine: Engine, job: GenerateJob, submitted: list,
+                  updates: asyncio.Queue) -> web.StreamResponse:
+  """Waits for a submitted job's samples and answers (streamed or whole)."""
   decode = _decoder(engine)
   try:
     if job.stream:
