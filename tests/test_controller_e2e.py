@@ -25,8 +25,12 @@ import pytest
 # and 2 above no rise at all.
 DEMO_STEPS = 150
 MARGIN = 0.03
-# Repeat task, lr 3e-4, 128 samples/step: sync gains 0.03+ by step 20.
-SYNC_STEPS = 20
+# Repeat task, lr 3e-4, 128 samples/step, sync with version 3 refused (measured 2026-11-26, three
+# runs): the held-out accuracy first dips (0.556 -> 0.545 at step 10), then climbs: 0.577-0.582 at
+# step 20, 0.640-0.647 at 30, 0.652-0.661 at 40. At 20 steps a run that climbed a little later
+# ended at 0.536 (a CI run), so the check is at 40, where the rise (+0.10) is three times SYNC_MARGIN.
+SYNC_STEPS = 40
+SYNC_MARGIN = 0.03
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
@@ -85,4 +89,4 @@ def test_sync_baseline_learns_through_a_refused_version(tmp_path):
   assert records[-1]["total/versions_refused"] == 1
   before = records[0]["eval/initial_expected_accuracy"]
   after = records[-1]["eval/expected_accuracy"]
-  assert after > before + 0.01, (before, after)
+  assert after > before + SYNC_MARGIN, (before, after)
