@@ -135,14 +135,16 @@ def _submit(engine: Engine, job: GenerateJob, on_update) -> list:
 
 # Bodies up to this size are parsed and queued on the event loop: a rollout request (a prompt of a
 # few hundred token ids) parses in tens of microseconds, while the hop to a worker thread and back
-# costs two wake-ups of a loop that shares its core with decoding (measured on a one-core server
-# with requests of one new token: the per-request CPU time below, docs/benchmarks.md). Larger
+# costs two wake-ups of a loop that shares its core with decoding (on a one-core server with
+# requests of one new token: 0.48-0.54 against 0.64-0.78 ms of server CPU per request,
+# docs/benchmarks.md, "Why the iteration grows in async's stream"). Larger
 # bodies (long prompts as text, big batches) still go to a thread so the loop stays responsive.
 _INLINE_PARSE_BYTES = 16 * 1024
 
 
 def _parse_and_submit(raw: bytes, engine: Engine, limits: Limits, on_update) -> tuple:
-  """JSON, validation, tokenization and queuing: the request's CPU work, on a worker thread."""
+  """JSON, validation, tokenization and queuing: the request's CPU work (on a worker thread for a
+  body over `_INLINE_PARSE_BYTES`, else on the event loop)."""
   encode = engine.tokenizer.encode if engine.tokenizer is not None else None
   job = parse_generate(parse_json(raw), encode=encode, validate=engine.validate, limits=limits)
   return job, _submit(engine, job, on_update)
