@@ -31,8 +31,9 @@ this process instead puts the async event loop on the rollout cores), and measur
   lock (measured: each about 1.5-2x slower on this machine; see docs/simulator.md).
 
 The CPU contention the servers met while the decode was timed, and the trainer while its step was
-(the kernel's per-thread time on a CPU and time waiting for one, `contention`), is recorded, so a
-run that meets another contention is predicted with the costs rescaled (sim_vs_measured.py); in the
+(the kernel's per-thread time on a CPU and time waiting for one, `experiments._cpu_time`), is
+recorded, so a run that meets another contention is predicted with the costs rescaled
+(sim_vs_measured.py); in the
 async layout also beside the other side (the trainer's step beside a busy rollout, the servers'
 rollout beside training), which holds the core the trainer shares with a server as a run does. A
 load probe (fixed pure-Python work on each core) is timed around every calibration too.
@@ -57,100 +58,15 @@ from typing import Any
 
 import numpy as np
 
+from experiments._cpu_time import contention, cpu_times, probe, probe_pair, processes
+from experiments._server_profile import server_counters
 from flashrl_jax.controller import Learner, LearnerProcess, RunConfig, engine_server_args
-
-_PROBE_N = 300_000  # ~20-40 ms of pure-Python work on an idle core of this machine
 
 
 def load_config(path: str, **changes) -> RunConfig:
   """`get_config()` of a config file (as `experiments.train` reads it), with `changes` applied."""
   from experiments._cli import load_config_file
   return load_config_file(path).replace(**changes)
-
-
-def probe(reps: int = 5) -> dict[str, Any]:
-  """Median wall seconds of fixed pure-Python work on each core (this thread pinned in turn)."""
-  cores = sorted(os.sched_getaffinity(0))
-  per_core = {}
-  try:
-    for core in cores:
-      os.sched_setaffinity(0, [core])
-      times = []
-      for _ in range(reps):
-        start = time.perf_counter()
-        sum(i * i for i in range(_PROBE_N))
-        times.append(time.perf_counter() - start)
-      per_core[core] = statistics.median(times)
-  finally:
-    os.sched_setaffinity(0, cores)
-  return {"probe_s": float(np.mean(list(per_core.values()))), "per_core": per_core,
-          "loadavg": os.getloadavg()[0]}
-
-
-def cpu_times(pids) -> tuple[float, float]:
-  """Seconds on a CPU and seconds runnable but waiting for one, summed over every thread of
-  `pids` (the kernel's schedstat; processes that are gone count nothing)."""
-  run = wait = 0
-  for pid in pids:
-    try:
-      tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-      continue
-    for tid in tids:
-      try:
-        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-          fields = f.read().split()
-      except OSError:
-        continue
-      run, wait = run + int(fields[0]), wait + int(fields[1])
-  return run / 1e9, wait / 1e9
-
-
-LEARNER_MARK = LearnerProcess.__module__  # the learner process's command line names it
-
-
-def processes(root: int) -> tuple[list[int], list[int]]:
-  """(the trainer's process, the servers): a run's learner process (`LearnerProcess`, where its
-  trainer runs) if it has one, else `root` itself (a calibration, or a run training in-process);
-  and `root`'s other descendants. The controller's own process is on neither side when the learner
-  has its own: what its event loop takes from the learner's core shows in the learner's wait."""
-  import psutil
-  learners, servers = [], []
-  try:
-    children = psutil.Process(root).children(recursive=True)
-  except psutil.Error:
-    return [root], servers
-  for child in children:
-    try:
-      is_learner = any(LEARNER_MARK in part for part in child.cmdline())
-    except psutil.Error:  # gone: it counts nothing either way
-      continue
-    (learners if is_learner else servers).append(child.pid)
-  return learners or [root], servers
-
-
-def contention(before: tuple[float, float], after: tuple[float, float]) -> float:
-  """(time on a CPU + time waiting for one) / time on a CPU between two `cpu_times`: how much
-  longer the threads' CPU work took than on cores of their own (1 on an idle machine). A
-  CPU-bound thread's wall time is its CPU time times this factor (checked: 2.79 vs 2.81 at load 11),
-  so a cost measured at one factor is rescaled to another by their ratio."""
-  run, wait = after[0] - before[0], after[1] - before[1]
-  return (run + wait) / run if run > 1e-3 else 1.0
-
-
-def probe_pair(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-  """The probes around a calibration or a run, averaged (per core too)."""
-  cores = sorted(before["per_core"])
-  return {"probe_s": (before["probe_s"] + after["probe_s"]) / 2,
-          "probe_per_core": {str(c): (before["per_core"][c] + after["per_core"][c]) / 2
-                             for c in cores},
-          "loadavg": [before["loadavg"], after["loadavg"]]}
-
-
-def slowdown(calibration: dict[str, Any], run: dict[str, Any], cores) -> float:
-  """How much slower `cores` were during `run` than during `calibration` (probe ratio)."""
-  c, r = calibration["probe_per_core"], run["probe_per_core"]
-  return float(np.mean([r[str(k)] for k in cores]) / np.mean([c[str(k)] for k in cores]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,14 +108,6 @@ def stream_request_s(server_s: float, before: list[dict[str, float]],
       live = (a["busy_slot_steps"] - b["busy_slot_steps"]) / steps
       decoding += steps * float(np.interp(live, active, step_s))
   return max(server_s - decoding, 0.0) / requests
-
-
-def _server_counters(url: str) -> dict[str, float]:
-  """A server's decode counters (`/server_info`), as `experiments._server_profile` reads a run's."""
-  import urllib.request
-  with urllib.request.urlopen(f"{url}/server_info", timeout=5) as resp:
-    state = json.load(resp)["internal_states"][0]
-  return {k: float(state.get(k, 0)) for k in ("decode_steps", "busy_slot_steps")}
 
 
 def _median(values) -> float:
@@ -398,13 +306,13 @@ class _Bench:
     cpu_before = cpu_times(servers)
     for _ in range(self.reps):
       requests = 0
-      before = [_server_counters(u) for u in urls]
+      before = [server_counters(u) for u in urls]
       on_cpu = cpu_times(servers)[0]
       start = time.perf_counter()
       await asyncio.gather(*(lane(start + seconds) for _ in range(lanes)))
       walls.append(time.perf_counter() - start)
       server_s = cpu_times(servers)[0] - on_cpu
-      after = [_server_counters(u) for u in urls]
+      after = [server_counters(u) for u in urls]
       per_request.append(stream_request_s(server_s, before, after, *table, requests))
     # The servers' threads (HTTP, engine, XLA) wait for one another on their core in a stream as
     # they do in a run: the contention a run's is compared with (sim_vs_measured).

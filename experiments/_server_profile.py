@@ -19,6 +19,13 @@ from typing import NamedTuple
 _SERVER_COUNTERS = ("decode_steps", "busy_slot_steps", "decode_s", "prefill_calls", "prefill_s")
 
 
+def server_counters(url: str, timeout_s: float = 5.0) -> dict[str, float]:
+  """One rollout server's decode counters (`_SERVER_COUNTERS`, from its `/server_info`)."""
+  with urllib.request.urlopen(f"{url}/server_info", timeout=timeout_s) as resp:
+    state = json.load(resp)["internal_states"][0]
+  return {key: float(state.get(key, 0)) for key in _SERVER_COUNTERS}
+
+
 class Snapshot(NamedTuple):
   seconds: float  # time.monotonic()
   steps: int  # steps the run had recorded
@@ -49,13 +56,12 @@ class ServerSampler:
     for name in logs:
       port = name.rsplit("_", 1)[-1].removesuffix(".log")
       try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=1) as resp:
-          state = json.load(resp)["internal_states"][0]
+        counters = server_counters(f"http://127.0.0.1:{port}", timeout_s=1)
       except (OSError, ValueError, KeyError, IndexError):
         continue  # starting, stopping or restarting: this snapshot lacks it
       answered += 1
       for key in _SERVER_COUNTERS:
-        totals[key] += state.get(key, 0)
+        totals[key] += counters[key]
     return Snapshot(time.monotonic(), steps, totals, answered)
 
   def _loop(self, period_s: float) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from experiments import _calibration
+from experiments import _calibration, _cpu_time
 from experiments.benchmarks import sim_vs_measured
 from flashrl_jax import sim
 from flashrl_jax.scheduling import PauseMode
@@ -130,28 +130,28 @@ def test_cpu_times_follow_a_process_tree():
   child = subprocess.Popen([sys.executable, "-c", "while True: sum(i * i for i in range(10**5))"])
   learner = None
   try:
-    own, descendants = _calibration.processes(os.getpid())
+    own, descendants = _cpu_time.processes(os.getpid())
     assert own == [os.getpid()] and child.pid in descendants
     # A run's learner process (found by its command line) is the trainer side, not a server.
-    learner = subprocess.Popen([sys.executable, "-c", f"# {_calibration.LEARNER_MARK}\n"
+    learner = subprocess.Popen([sys.executable, "-c", f"# {_cpu_time.LEARNER_MARK}\n"
                                 "import time; time.sleep(600)"])
-    trainer, descendants = _calibration.processes(os.getpid())
+    trainer, descendants = _cpu_time.processes(os.getpid())
     assert trainer == [learner.pid] and child.pid in descendants  # (and any other child of pytest)
     assert learner.pid not in descendants
-    first = _calibration.cpu_times([child.pid])
+    first = _cpu_time.cpu_times([child.pid])
     deadline = time.monotonic() + 60
-    while _calibration.cpu_times([child.pid])[0] <= first[0] and time.monotonic() < deadline:
+    while _cpu_time.cpu_times([child.pid])[0] <= first[0] and time.monotonic() < deadline:
       time.sleep(0.05)
-    later = _calibration.cpu_times([child.pid])
+    later = _cpu_time.cpu_times([child.pid])
     assert later[0] > first[0] and later[1] >= first[1]
-    assert _calibration.contention(first, later) >= 1.0
+    assert _cpu_time.contention(first, later) >= 1.0
   finally:
     for proc in (child, learner):
       if proc is not None:
         proc.kill()
         proc.wait()
-  assert _calibration.cpu_times([child.pid]) == (0.0, 0.0)
-  assert _calibration.contention((1.0, 1.0), (1.0, 5.0)) == 1.0  # no CPU time: nothing to scale
+  assert _cpu_time.cpu_times([child.pid]) == (0.0, 0.0)
+  assert _cpu_time.contention((1.0, 1.0), (1.0, 5.0)) == 1.0  # no CPU time: nothing to scale
 
 
 def test_train_fit_ignores_a_compiling_step():

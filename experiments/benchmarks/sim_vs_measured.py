@@ -48,7 +48,7 @@ from typing import Callable
 import numpy as np
 from absl import app, flags
 
-from experiments import _calibration
+from experiments import _calibration, _cpu_time
 from experiments._summary import timed_seconds
 from experiments._server_profile import ServerSampler, server_profile
 from flashrl_jax import sim
@@ -240,7 +240,7 @@ def run(config_path: str, workdir: str, mode: str, alpha: int, steps: int, warmu
          "--eval_every=0", *flags_]
   os.makedirs(workdir, exist_ok=True)
   metrics = os.path.join(workdir, "metrics.jsonl")
-  before = _calibration.probe()
+  before = _cpu_time.probe()
   start = time.perf_counter()
   with (open(os.path.join(workdir, "train.log"), "w") as log,
         ServerSampler(workdir) as sampler):  # what the servers did: where an error is
@@ -250,12 +250,12 @@ def run(config_path: str, workdir: str, mode: str, alpha: int, steps: int, warmu
     while proc.poll() is None:
       count = _lines(metrics)
       if count != seen and count >= warmup:
-        trainer, servers = _calibration.processes(proc.pid)
-        snapshots[count] = (_calibration.cpu_times(trainer), _calibration.cpu_times(servers))
+        trainer, servers = _cpu_time.processes(proc.pid)
+        snapshots[count] = (_cpu_time.cpu_times(trainer), _cpu_time.cpu_times(servers))
       seen = count
       time.sleep(0.05)
   wall = time.perf_counter() - start
-  after = _calibration.probe()
+  after = _cpu_time.probe()
   if proc.returncode:
     with open(os.path.join(workdir, "train.log")) as f:
       raise RuntimeError(f"{' '.join(cmd)} failed:\n{f.read()[-3000:]}")
@@ -263,10 +263,10 @@ def run(config_path: str, workdir: str, mode: str, alpha: int, steps: int, warmu
     raise RuntimeError(f"too few CPU time readings over the timed steps: {sorted(snapshots)}")
   # From the first record at or after the warm-up to the last one read (the servers stop soon after).
   first, last = snapshots[min(snapshots)], snapshots[max(snapshots)]
-  return {**_calibration.probe_pair(before, after), "wall_s": wall,
+  return {**_cpu_time.probe_pair(before, after), "wall_s": wall,
           "servers": server_profile(sampler.snapshots, warmup, steps),
-          "contention": {"trainer": _calibration.contention(first[0], last[0]),
-                         "rollout": _calibration.contention(first[1], last[1])}}
+          "contention": {"trainer": _cpu_time.contention(first[0], last[0]),
+                         "rollout": _cpu_time.contention(first[1], last[1])}}
 
 
 def mode_name(mode: str) -> str:
