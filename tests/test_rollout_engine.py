@@ -19,6 +19,7 @@ from scipy import stats
 
 from flashrl_jax.fleet import FinishKind, PauseMode
 from flashrl_jax.rollout import Engine, EngineConfig, Sampling
+from flashrl_jax.rollout._request import LogprobOptions
 from flashrl_jax.rollout._sampling import RowSampling, sample
 from flashrl_jax.testing import write_tiny_checkpoint
 
@@ -105,6 +106,56 @@ def test_tail_requests_decode_in_a_smaller_batch_from_their_own_slots(engine, lo
     np.testing.assert_allclose(out.logprobs, logps, atol=1e-4)
   assert engine.runner.decode_sizes == [2, 4]
   assert engine.stats.computed_slot_steps - computed < 4 * 13  # some steps ran on 2 slots
+
+
+def test_decode_blocks_give_the_tokens_of_one_step_per_call(ckpts, logits_fns):
+  """Several decode steps in one program (`num_continuous_decode_steps`) against one step per call
+  (the independent path: forward and sampling as separate programs): the same tokens, log-probs and
+  top candidates, for what a block can cut short — seeded sampling under top-k/top-p, stop tokens,
+  EOS, max_new_tokens not a multiple of the block, min_new_tokens banning a stop id across a block
+  edge, top log-probs, more requests than slots (admissions between blocks) and a request decoding
+  to the end of the context, where the block must shrink (its cache has one spare position)."""
+  paths, _ = ckpts
+  prompt = [30, 31, 32]
+  ref = greedy_reference(logits_fns["a"], prompt, 12)[0]
+  requests = [
+      ([5, 6, 7], Sampling(temperature=0.9, max_new_tokens=13, ignore_eos=True, sampling_seed=1)),
+      ([8, 9], Sampling(temperature=1.3, top_k=5, max_new_tokens=30, sampling_seed=2)),
+      ([10, 11, 12], Sampling(temperature=0.7, top_p=0.9, max_new_tokens=11, ignore_eos=True,
+                              sampling_seed=3)),
+      (prompt, Sampling(temperature=0, max_new_tokens=12, ignore_eos=True,
+                        stop_token_ids=[ref[5]])),
+      (prompt, Sampling(temperature=0, max_new_tokens=9, ignore_eos=True, min_new_tokens=3,
+                        stop_token_ids=[ref[0], ref[4]])),
+      ([40 + i % 7 for i in range(PAD - 7)], Sampling(temperature=1.0, ignore_eos=True,
+                                                     sampling_seed=4)),
+      ([13, 14], Sampling(temperature=1.0, max_new_tokens=6, ignore_eos=True, sampling_seed=5)),
+  ]
+
+  def run(steps):
+    config = EngineConfig(paths["a"], max_running_requests=4, context_length=PAD,
+                          num_continuous_decode_steps=steps)
+    with Engine(config) as eng:
+      handles = [eng.submit(p, s, logprobs=LogprobOptions(top_n=3 if i == 2 else 0))
+                 for i, (p, s) in enumerate(requests)]
+      outs = [h.result(120) for h in handles]
+      return outs, eng.stats
+
+  single, single_stats = run(1)
+  blocks, block_stats = run(4)
+  for one, block in zip(single, blocks):
+    assert block.output_ids == one.output_ids
+    np.testing.assert_allclose(block.logprobs, one.logprobs, atol=1e-5)
+    assert block.finish == one.finish
+    assert [[i for i, _ in row] for row in block.output_top] == [[i for i, _ in row] for row in one.output_top]
+  lengths = [len(o.output_ids) for o in single]
+  assert single[3].finish.kind is FinishKind.STOP and lengths[3] == ref.index(ref[5]) + 1
+  assert lengths[5] == 7  # to the end of the context: prompt of PAD - 7, and the last position
+  assert any(n % 4 for n in lengths)  # some ended inside a block
+  assert len(single[2].output_top) == 11 and len(single[2].output_top[0]) == 3
+  assert single_stats.decode_calls == single_stats.decode_steps
+  assert block_stats.decode_calls < block_stats.decode_steps / 2
+  assert block_stats.busy_slot_steps == single_stats.busy_slot_steps  # dropped tokens: not busy
 
 
 @pytest.mark.parametrize("options", [dict(temperature=0.7, top_p=0.8),
@@ -224,7 +275,7 @@ def test_pause_modes_keep_every_token(engine, mode):
 
 def test_weight_update_in_place_spans_and_no_recompile(engine, ckpts, logits_fns):
   paths, _ = ckpts
-  s = Sampling(temperature=0, max_new_tokens=20, ignore_eos=True)
+  s = Sampling(temperature=0, max_new_tokens=40, ignore_eos=True)  # outlasts the pause's arrival
   before = engine.generate([[50, 51]], s)[0]
   compiled = engine.runner.compiled_count()
   request = engine.submit([50, 51], s)
@@ -234,10 +285,10 @@ def test_weight_update_in_place_spans_and_no_recompile(engine, ckpts, logits_fns
   assert engine.update_weights_from_disk(paths["b"], "v1").result(60)[0]
   engine.resume().result(30)
   out = request.result(60)
-  assert [(v.version, v.start, v.end) for v in out.versions] == [("default", 0, k), ("v1", k, 20)]
+  assert [(v.version, v.start, v.end) for v in out.versions] == [("default", 0, k), ("v1", k, 40)]
   assert out.output_ids[:k] == before.output_ids[:k]
   after = engine.generate([[50, 51]], s)[0]
-  assert after.output_ids == tuple(greedy_reference(logits_fns["b"], [50, 51], 20)[0])
+  assert after.output_ids == tuple(greedy_reference(logits_fns["b"], [50, 51], 40)[0])
   assert after.output_ids != before.output_ids and after.weight_version == "v1"
   assert engine.runner.compiled_count() == compiled  # the swap reused every compiled program
   # Not paused: the update waits for in-flight requests, whose tokens keep the old version.
@@ -252,7 +303,8 @@ def test_weight_update_in_place_spans_and_no_recompile(engine, ckpts, logits_fns
 
 def test_retract_recomputes_with_new_weights(engine, ckpts, logits_fns):
   paths, _ = ckpts
-  s = Sampling(temperature=0, max_new_tokens=16, ignore_eos=True)
+  # Long enough not to finish before the pause lands (16 did, once decode ran 4 steps per call).
+  s = Sampling(temperature=0, max_new_tokens=50, ignore_eos=True)
   request = engine.submit([60, 61, 62], s)
   wait_for(lambda: request.num_generated >= 4)
   engine.pause(PauseMode.RETRACT).result(30)
@@ -264,7 +316,7 @@ def test_retract_recomputes_with_new_weights(engine, ckpts, logits_fns):
   # KV was recomputed from prompt + prefix with the new weights: the continuation is the new
   # model's greedy continuation of that prefix.
   prefix = [60, 61, 62] + list(out.output_ids[:k])
-  assert list(out.output_ids[k:]) == greedy_reference(logits_fns["b"], prefix, 16 - k)[0]
+  assert list(out.output_ids[k:]) == greedy_reference(logits_fns["b"], prefix, 50 - k)[0]
   assert engine.update_weights_from_disk(paths["a"], "default").result(60)[0]
 
 

@@ -117,14 +117,14 @@ def test_transient_decode_failure_loses_nothing(engine, clean, monkeypatch):
 
   def flaky(*args, **kwargs):
     calls.append(1)
-    if len(calls) == 4:
+    if len(calls) == 2:  # mid-generation: 10 tokens take a prefill and 3 decode calls of <= 4
       raise RuntimeError("injected transient decode failure")
     return decode(*args, **kwargs)
   monkeypatch.setattr(engine.runner, "decode", flaky)
   safe = [p for p in PROMPTS if POISON not in p]
   for prompt, out in zip(safe, _together(engine, safe)):
     _same(out, clean[tuple(prompt)])  # recomputed from prompt + output: same tokens
-  assert len(calls) > 4
+  assert len(calls) > 2
 
 
 def test_persistent_decode_failure_fails_its_requests_and_the_engine_goes_on(engine, clean,

@@ -34,15 +34,21 @@ class EngineConfig:
   # compiled by `Engine.warmup`, so fewer buckets start faster and finer ones waste less per step.
   min_decode_batch: int = 1
   min_decode_span: int = 64
+  # Decode steps per device call (SGLang's `num_continuous_decode_steps`): the block's steps run in
+  # one program, so the fixed cost of a call is paid once per block; requests wait for a block to
+  # end to be admitted, aborted or paused, and one that finishes inside it leaves the rest of its
+  # block's tokens computed and dropped.
+  num_continuous_decode_steps: int = 4
   weight_version: str = "default"
   seed: int = 0
   tokenizer_path: str | None = None  # default: model_path when it holds a tokenizer.json
 
   def __post_init__(self):
     if min(self.max_running_requests, self.max_prefill_batch, self.tp, self.min_decode_batch,
-           self.min_decode_span, self.min_prefill_len) < 1:
+           self.min_decode_span, self.min_prefill_len, self.num_continuous_decode_steps) < 1:
       raise ValueError("max_running_requests, max_prefill_batch, tp, min_decode_batch, "
-                       f"min_decode_span and min_prefill_len must be >= 1: {self}")
+                       "min_decode_span, min_prefill_len and num_continuous_decode_steps must be "
+                       f">= 1: {self}")
     if self.context_length is not None and self.context_length < 2:
       raise ValueError(f"context_length must be >= 2, got {self.context_length}.")
 
@@ -51,8 +57,9 @@ class EngineConfig:
 class EngineStats:
   """Counters for benchmarks and `/server_info` (slot-steps = slots x decode steps)."""
 
-  decode_steps: int = 0
-  busy_slot_steps: int = 0  # slot-steps that produced a token
+  decode_steps: int = 0  # token steps (a call runs up to num_continuous_decode_steps of them)
+  decode_calls: int = 0
+  busy_slot_steps: int = 0  # slot-steps that produced a token (kept by its request)
   computed_slot_steps: int = 0  # slot-steps decode computed (the decode batch size, summed)
   prefill_calls: int = 0
   prefill_tokens: int = 0

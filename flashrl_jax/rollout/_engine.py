@@ -73,7 +73,8 @@ class Engine:
                          min_prefill_len=config.min_prefill_len,
                          max_prefill_batch=config.max_prefill_batch,
                          min_decode_batch=config.min_decode_batch,
-                         min_decode_span=config.min_decode_span)
+                         min_decode_span=config.min_decode_span,
+                         decode_block=config.num_continuous_decode_steps)
     self.model_config = self.runner.config
     self.scorer = PromptScorer(self.runner.graphdef)
     self.vocab_size = self.model_config.vocab_size
@@ -418,7 +419,8 @@ class Engine:
     self._rebuild_slots()
 
   def _step(self) -> None:
-    """One decode step over the live slots, wherever they are (nothing is moved)."""
+    """One decode call over the live slots, wherever they are (nothing is moved): a block of up to
+    `num_continuous_decode_steps` tokens each, as many as the longest context leaves room for."""
     running = self._running()
     start = time.perf_counter()
     try:
@@ -427,19 +429,27 @@ class Engine:
                                for r in self._slots])
         self._slots_dirty = False
       longest = max(len(r.prompt_ids) + r.num_generated for _, r in running)
+      # The block writes positions up to longest + steps - 2; the cache holds context + 1.
+      steps = max(1, min(self.config.num_continuous_decode_steps,
+                         self.context_length + 1 - longest))
       tokens, logprobs, (top_ids, top_lps) = self.runner.decode(
-          [slot for slot, _ in running], longest, top_n=self._top_n([r for _, r in running]))
+          [slot for slot, _ in running], longest, top_n=self._top_n([r for _, r in running]),
+          steps=steps)
     except Exception as error:  # noqa: BLE001 - the slots are rebuilt; the engine goes on
       self._decode_failed(error)
       return
     self._decode_failures = 0
     self.stats.decode_s += time.perf_counter() - start
-    self.stats.decode_steps += 1
-    self.stats.busy_slot_steps += len(running)
-    self.stats.computed_slot_steps += self.runner.decode_bucket(len(running), longest)[0]
+    self.stats.decode_steps += steps
+    self.stats.decode_calls += 1
+    self.stats.computed_slot_steps += self.runner.decode_bucket(len(running), longest)[0] * steps
     for i, (slot, request) in enumerate(running):
-      self._on_token(request, int(tokens[i]), float(logprobs[i]), slot=slot,
-                     top=(top_ids[i], top_lps[i]))
+      for j in range(steps):
+        if request.done:  # it ended earlier in the block: the rest of its tokens are dropped
+          break
+        self.stats.busy_slot_steps += 1
+        self._on_token(request, int(tokens[j, i]), float(logprobs[j, i]), slot=slot,
+                       top=(top_ids[j, i], top_lps[j, i]))
 
   @staticmethod
   def _top_n(requests: Sequence[Request]) -> int:

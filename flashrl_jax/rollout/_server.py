@@ -390,6 +390,7 @@ async def server_info(request: web.Request) -> web.Response:
           "max_total_num_tokens": engine.context_length * engine.runner.num_slots,
           "weight_version": engine.weight_version, "version": VERSION,
           "internal_states": [{"decode_steps": stats.decode_steps,
+                               "decode_calls": stats.decode_calls,
                                "busy_slot_steps": stats.busy_slot_steps,
                                "decode_s": round(stats.decode_s, 6),
                                "prefill_calls": stats.prefill_calls,

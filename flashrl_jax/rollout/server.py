@@ -48,6 +48,10 @@ _MIN_DECODE_BATCH = flags.DEFINE_integer("min_decode_batch", 1,
 _MIN_DECODE_SPAN = flags.DEFINE_integer("min_decode_span", 64,
                                         "Smallest attention span bucket of a decode step (powers "
                                         "of two up to the context length).")
+_DECODE_STEPS = flags.DEFINE_integer(
+    "num_continuous_decode_steps", EngineConfig.num_continuous_decode_steps,
+    "Decode steps per device call (SGLang's flag of the same name): the fixed cost of a call is "
+    "paid once per block; admissions, aborts and pauses wait for the block to end.")
 _PREFILL_BUDGET = flags.DEFINE_integer("prefill_token_budget", 4096,
                                        "Max padded tokens per grouped prefill call.")
 _WEIGHT_VERSION = flags.DEFINE_string("weight_version", "default", "Initial weight version.")
@@ -81,6 +85,7 @@ def _config() -> EngineConfig:
       dtype=jnp.dtype(_DTYPE.value), tp=_TP.value, max_prefill_batch=_MAX_PREFILL_BATCH.value,
       min_prefill_len=_MIN_PREFILL_LEN.value, prefill_token_budget=_PREFILL_BUDGET.value,
       min_decode_batch=_MIN_DECODE_BATCH.value, min_decode_span=_MIN_DECODE_SPAN.value,
+      num_continuous_decode_steps=_DECODE_STEPS.value,
       weight_version=_WEIGHT_VERSION.value, seed=_SEED.value)
 
 
