@@ -36,6 +36,7 @@ import traceback
 from typing import Any
 
 from flashrl_jax import _failpoints as failpoints
+from flashrl_jax._gc import freeze_startup_objects
 from flashrl_jax.controller._config import RunConfig, config_from_json, config_to_json
 from flashrl_jax.trainer import Message, Op, Trajectory, pack, receive_message, send_message
 
@@ -224,6 +225,7 @@ def serve(sock: socket.socket) -> None:
   except Exception as error:  # noqa: BLE001 - reported to the controller, which raises it
     _fail(sock, Op.INIT, error)
     return
+  freeze_startup_objects()  # the model, optimizer and compiled steps: kept for the whole run
   _answer(sock, Op.INIT, None, learner.policy_version)
   while True:
     message = receive_message(sock)

@@ -26,6 +26,7 @@ from typing import Callable
 import jax
 
 from flashrl_jax import _failpoints as failpoints
+from flashrl_jax._gc import freeze_startup_objects
 from flashrl_jax import envs
 from flashrl_jax.controller._agent_proxy import AgentProxy
 from flashrl_jax.controller._agentic import make_env_runner
@@ -220,6 +221,7 @@ def _run(config: RunConfig, workdir: str, urls: list[str], servers: LocalServers
         runner = make_env_runner(config, fleet, tokenizer, sampling, counters, proxy)
       else:
         runner = GroupRunner(fleet, reward_fn, tokenizer, sampling, config.group_size)
+      freeze_startup_objects()  # (with the learner in this process: its programs too)
       await Loop(config, fleet=fleet, learner=learner, source=source, runner=runner,
                  counters=counters, logger=logger, start_step=start_step,
                  initial_eval=initial_eval, on_step=on_step).run()

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from flashrl_jax._backend import check_backend
 from flashrl_jax.rollout._compiles import DEFAULT_CACHE_DIR, enable_compilation_cache
+from flashrl_jax._gc import freeze_startup_objects
 from flashrl_jax.rollout._config import EngineConfig
 from flashrl_jax.rollout._engine import Engine
 from flashrl_jax.rollout._openai import add_openai_routes
@@ -122,6 +123,7 @@ def main(argv) -> None:
     logging.info("warm-up: %d shapes in %.1f s (%d programs built, %d of them from the persistent "
                  "cache)", done["warmup_shapes"], done["warmup_s"], done["num_compiles"],
                  done["num_compile_cache_hits"])
+  freeze_startup_objects()  # warm-up's objects: never garbage, no longer walked by the collector
   args = {"model_path": config.model_path, "tokenizer_path": config.tokenizer_path,
           "served_model_name": _SERVED_NAME.value or config.model_path,
           "host": _HOST.value, "port": _PORT.value, "weight_version": config.weight_version,
