@@ -3,6 +3,7 @@
 import dataclasses
 
 from flashrl_jax.controller import RolloutConfig, plan_placement
+from flashrl_jax.controller._run import engine_server_args
 from experiments.configs import bench_rlvr_longtail
 
 
@@ -37,6 +38,15 @@ def test_negative_server_count_is_refused():
   import pytest
   with pytest.raises(ValueError, match="num_servers must be >= 0"):
     RolloutConfig(num_servers=-1)
+  with pytest.raises(ValueError, match="num_continuous_decode_steps"):
+    RolloutConfig(num_continuous_decode_steps=0)
+
+
+def test_local_engine_servers_get_the_decode_block_of_the_config():
+  config = bench_rlvr_longtail.get_config()
+  config = config.replace(rollout=dataclasses.replace(config.rollout,
+                                                      num_continuous_decode_steps=7))
+  assert "--num_continuous_decode_steps=7" in engine_server_args(config)
 
 
 def test_gpu_placement_separates_or_shares_the_accelerators():

@@ -41,7 +41,7 @@ def ckpts(tmp_path_factory):
 @pytest.fixture(scope="module")
 def url(ckpts):
   with server_process(f"--model_path={ckpts['a']}", "--port=0", "--max_running_requests=4",
-                      "--max_prefill_batch=2") as address:
+                      "--max_prefill_batch=2", "--num_continuous_decode_steps=3") as address:
     assert address.startswith("http://127.0.0.1:")  # loopback unless told otherwise
     yield address
 
@@ -291,11 +291,15 @@ def test_server_info_counts_decode_work_and_its_time(url):
   wall = time.perf_counter() - start
   after = info()
   delta = {k: after[k] - before[k] for k in ("decode_steps", "busy_slot_steps", "generated_tokens",
-                                             "prefill_calls", "decode_s", "prefill_s")}
+                                             "prefill_calls", "decode_s", "prefill_s",
+                                             "decode_calls")}
   assert [o["meta_info"]["completion_tokens"] for o in out] == [12, 12]
   assert delta["generated_tokens"] == 24
   assert delta["busy_slot_steps"] == 24 - 2  # two first tokens came from prefill
   assert 11 <= delta["decode_steps"] <= 22  # together (11) or one after the other (22)
+  # Blocks of up to 3 steps per call (the server's --num_continuous_decode_steps).
+  assert call(url, "/server_info")[1]["num_continuous_decode_steps"] == 3
+  assert -(-delta["decode_steps"] // 3) <= delta["decode_calls"] < delta["decode_steps"]
   assert delta["prefill_calls"] >= 1
   assert 0 < delta["decode_s"] < wall and 0 < delta["prefill_s"] < wall
   assert delta["decode_s"] + delta["prefill_s"] < wall

@@ -46,6 +46,8 @@ class RolloutConfig:
   # (which it does not forward) goes to the workers.
   router_url: str | None = None
   max_running_requests: int = 16
+  # Decode steps per device call of the local JAX engine servers (SGLang's flag of that name).
+  num_continuous_decode_steps: int = 4
   max_new_tokens: int = 64
   temperature: float = 1.0
   top_p: float = 1.0
@@ -64,9 +66,11 @@ class RolloutConfig:
     if self.router_url and self.backend is not RolloutBackend.SGLANG:
       raise ValueError("--router_url needs --rollout=sglang and the router's workers in "
                        "--sglang_urls (the handoff addresses them directly).")
-    if self.num_servers < 0 or self.max_running_requests < 1 or self.max_new_tokens < 1:
+    if (self.num_servers < 0 or self.max_running_requests < 1 or self.max_new_tokens < 1
+        or self.num_continuous_decode_steps < 1):
       raise ValueError("num_servers must be >= 0 (0: one per rollout core or device), "
-                       "max_running_requests and max_new_tokens >= 1.")
+                       "max_running_requests, num_continuous_decode_steps and max_new_tokens "
+                       ">= 1.")
     if self.pause_mode is PauseMode.RETRACT and self.backend is RolloutBackend.EMBEDDED:
       pass  # supported by our engine too
 

@@ -77,6 +77,7 @@ def engine_server_args(config: RunConfig) -> tuple[str, ...]:
   servers with the same)."""
   # A trajectory must fit one packed training row, so that is the servers' context too.
   return (f"--max_running_requests={config.rollout.max_running_requests}",
+          f"--num_continuous_decode_steps={config.rollout.num_continuous_decode_steps}",
           f"--context_length={config.train.batch.row_length}", "--weight_version=0",
           f"--platform={config.resources.platform}")
 
