@@ -230,3 +230,68 @@ def test_least_outstanding_requests_balancing(stubs):
     run(main())
   finally:
     configure(slow, latency_s=0.0)
+
+
+def test_a_group_is_one_request_and_its_samples_are_continued_across_a_handoff(stubs):
+  """`generate_group`: n samples of a prompt in one `/generate` (the batch form), each the stub's
+  deterministic output; an abort-mode handoff mid-generation continues every sample on its own,
+  keeping its prefix, with the later tokens on the new version."""
+  servers, root = stubs
+  n = 40
+
+  async def main():
+    async with _client(servers.urls) as c:
+      group = await c.generate_group(PROMPT, SamplingParams(max_new_tokens=5), 3, rid="g")
+      assert [r.rid for r in group] == ["g-0", "g-1", "g-2"]
+      for r in group:
+        _check_output(r, PROMPT, 5)
+        assert r.finish_reason is FinishKind.LENGTH and r.num_attempts == 1
+      assert len({r.server_url for r in group}) == 1 and c.stats().num_generate_calls == 1
+      before = (await c.model_info())[servers.urls[0]].weight_version
+      tasks = [asyncio.create_task(c.generate_group([i + 1, i + 2], SamplingParams(
+          max_new_tokens=n), 2, rid=f"h{i}")) for i in range(3)]
+      await asyncio.sleep(0.12)
+      await c.pause(PauseMode.ABORT)
+      await asyncio.sleep(0.1)
+      assert not any(t.done() for t in tasks)
+      await c.update_weights_from_disk(str(root / "weights"), "g-next")
+      await c.continue_generation()
+      for i, results in enumerate(await asyncio.gather(*tasks)):
+        assert [r.rid for r in results] == [f"h{i}-0", f"h{i}-1"]
+        for r in results:
+          _check_output(r, [i + 1, i + 2], n)
+          assert r.finish_reason is FinishKind.LENGTH and r.num_continuations == 1
+          k = r.token_versions.index("g-next")
+          assert 0 < k < n and r.token_versions == (before,) * k + ("g-next",) * (n - k)
+      assert c.stats().num_continuations == 6
+      # An explicit abort of one sample ends it without a continuation; its sibling goes on.
+      task = asyncio.create_task(c.generate_group(PROMPT, SamplingParams(max_new_tokens=n), 2,
+                                                  rid="cut"))
+      await asyncio.sleep(0.1)
+      assert await c.abort("cut-1")
+      kept, cut = await task
+      _check_output(kept, PROMPT, n)
+      assert cut.finish_reason is FinishKind.ABORT and 0 < len(cut.output_ids) < n
+  run(main())
+
+
+@pytest.mark.parametrize("fault", ["dead_engine", "wrong_logprob_count", "non_json"])
+def test_a_group_a_server_fails_is_retried_whole_on_another(stubs, fault):
+  """What is tried: the first server answers the batch with a 503 (its engine dead), with a sample
+  whose log-probs do not match its tokens, or with a 200 that is not JSON. The group is sent again
+  to the other server and comes back complete; nothing of the bad answer is kept."""
+  servers, _ = stubs
+  bad, good = servers.urls
+  configure(bad, misbehave=fault)
+  try:
+    async def main():
+      async with _client(servers.urls) as c:
+        for i in range(4):  # whichever server the client tries first
+          group = await c.generate_group(PROMPT, SamplingParams(max_new_tokens=6), 3)
+          for r in group:
+            _check_output(r, PROMPT, 6)
+            assert r.server_url == good
+        assert c.stats().num_retries >= 1
+    run(main())
+  finally:
+    configure(bad, misbehave="none")

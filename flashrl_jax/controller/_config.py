@@ -46,6 +46,9 @@ class RolloutConfig:
   # (which it does not forward) goes to the workers.
   router_url: str | None = None
   max_running_requests: int = 16
+  # A prompt's n responses as n requests spread over the servers (ROLL's prompt replication), or
+  # as one request per prompt (less work per response on the controller's and servers' cores).
+  prompt_replication: bool = True
   # Decode steps per device call of the local JAX engine servers (SGLang's flag of that name).
   num_continuous_decode_steps: int = 4
   max_new_tokens: int = 64

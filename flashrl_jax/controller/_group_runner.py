@@ -1,9 +1,13 @@
-"""The per-sample rollout lifecycle: n independent requests per prompt, each scored on completion.
+"""The per-sample rollout lifecycle: a prompt's n responses, each scored on completion.
 
-Prompt replication: a prompt's `n` responses are `n` separate requests, which the client spreads
-over servers least-loaded first. Queue scheduling: each finished response is rewarded immediately
-(rewards overlap generation) rather than after the whole batch. The synchronous baseline uses the
-same code with scoring deferred until every response of the batch is back.
+Prompt replication (the default): a prompt's `n` responses are `n` separate requests, which the
+client spreads over servers least-loaded first, and each is rewarded as soon as it is back (rewards
+overlap generation). Without it a prompt's responses are one request (`Fleet.generate_group`): one
+HTTP round trip, one admission and one batched prefill for the group instead of `n` of each, on the
+controller's core and the server's (on a CPU that per-request work is a large part of a short
+response's cost), with the group's responses on one server, rewarded when the group is back. The
+synchronous baseline uses the same code with scoring deferred until every response of the batch is
+back.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ class GroupRunner:
   (`new_group`, `run`, `report`)."""
 
   def __init__(self, fleet: Fleet, reward_fn: envs.AsyncRewardFn, tokenizer,
-               sampling: SamplingParams, group_size: int):
+               sampling: SamplingParams, group_size: int, *, prompt_replication: bool = True):
     self.fleet, self.reward_fn, self.tokenizer = fleet, reward_fn, tokenizer
     self.sampling, self.group_size = sampling, group_size
+    self.prompt_replication = prompt_replication
 
   def new_group(self, index: int, sample: envs.Sample) -> Group:
     return Group(prompt_index=index, sample=sample, prompt_ids=self.tokenizer.encode(sample.prompt),
@@ -42,7 +47,10 @@ class GroupRunner:
 
   async def run(self, group: Group, *, score: bool = True) -> Group:
     """Generates (and, with `score`, rewards) every response of `group`."""
-    await asyncio.gather(*(self._one(group, j, score) for j in range(group.n)))
+    if self.prompt_replication or group.n == 1:
+      await asyncio.gather(*(self._one(group, j, score) for j in range(group.n)))
+    else:
+      await self._together(group, score)
     return group
 
   async def score(self, group: Group) -> Group:
@@ -52,19 +60,32 @@ class GroupRunner:
   async def _one(self, group: Group, replica: int, score: bool) -> None:
     dispatched = self.fleet.version
     start = time.perf_counter()
-    sample_id = group.prompt_index * self.group_size + replica
     result: GenerationResult = await self.fleet.generate(
         group.prompt_ids, self.sampling, rid=f"p{group.prompt_index}-r{replica}-{id(group):x}")
-    versions = [_version(v, dispatched) for v in result.token_versions]
-    response = Response(
-        sample_id=str(sample_id), output_ids=list(result.output_ids),
-        behavior_logp=list(result.output_logprobs), token_versions=versions,
-        start_version=min([dispatched] + versions[:1]),
-        finish_reason=result.finish_reason.value if result.finish_reason else "unknown",
-        generate_s=time.perf_counter() - start)
+    response = self._response(group, replica, result, dispatched, start)
     if score:
       await self._reward(group, response)
     group.responses.append(response)
+
+  async def _together(self, group: Group, score: bool) -> None:
+    dispatched = self.fleet.version
+    start = time.perf_counter()
+    results = await self.fleet.generate_group(group.prompt_ids, self.sampling, group.n,
+                                              rid=f"p{group.prompt_index}-{id(group):x}")
+    responses = [self._response(group, j, r, dispatched, start) for j, r in enumerate(results)]
+    if score:
+      await asyncio.gather(*(self._reward(group, r) for r in responses))
+    group.responses.extend(responses)
+
+  def _response(self, group: Group, replica: int, result: GenerationResult, dispatched: int,
+                start: float) -> Response:
+    versions = [_version(v, dispatched) for v in result.token_versions]
+    return Response(
+        sample_id=str(group.prompt_index * self.group_size + replica),
+        output_ids=list(result.output_ids), behavior_logp=list(result.output_logprobs),
+        token_versions=versions, start_version=min([dispatched] + versions[:1]),
+        finish_reason=result.finish_reason.value if result.finish_reason else "unknown",
+        generate_s=time.perf_counter() - start)
 
   async def _reward(self, group: Group, response: Response) -> None:
     text = self.tokenizer.decode(response.output_ids)

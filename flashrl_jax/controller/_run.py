@@ -221,7 +221,8 @@ def _run(config: RunConfig, workdir: str, urls: list[str], servers: LocalServers
       if config.task.env is not None:
         runner = make_env_runner(config, fleet, tokenizer, sampling, counters, proxy)
       else:
-        runner = GroupRunner(fleet, reward_fn, tokenizer, sampling, config.group_size)
+        runner = GroupRunner(fleet, reward_fn, tokenizer, sampling, config.group_size,
+                             prompt_replication=r.prompt_replication)
       freeze_startup_objects()  # (with the learner in this process: its programs too)
       await Loop(config, fleet=fleet, learner=learner, source=source, runner=runner,
                  counters=counters, logger=logger, start_step=start_step,

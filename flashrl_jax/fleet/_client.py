@@ -154,7 +154,7 @@ class RolloutClient:
       epoch = self._abort_epoch
       seg = dataclasses.replace(sampling, max_new_tokens=max(sampling.max_new_tokens - len(ids), 0),
                                 min_new_tokens=max(sampling.min_new_tokens - len(ids), 0))
-      out, server, tries = await self._segment(list(input_ids) + ids, seg, rid, attempts)
+      (out,), server, tries = await self._segment(list(input_ids) + ids, seg, [rid], attempts)
       attempts += tries
       ids += out.output_ids
       lps += out.output_logprobs
@@ -171,9 +171,44 @@ class RolloutClient:
       self._counts["continuations"] += 1
       log.info("request %s aborted after %d tokens on %s; continuing", rid, len(ids), server.url)
 
-  async def _segment(self, prompt: list[int], sampling: SamplingParams, rid: str,
-                     attempt_base: int) -> tuple[proto.GenerateOutput, Server, int]:
-    """One stop/length/abort segment, retried on other servers; returns (output, server, tries)."""
+  async def generate_group(self, input_ids: Sequence[int], sampling: SamplingParams, n: int, *,
+                           rid: str | None = None) -> list[GenerationResult]:
+    """`n` samples of one prompt in one `/generate` request (SGLang's batch form), in order; sample
+    j's rid is `{rid}-{j}`. The request is retried whole on another server like `generate`'s; a
+    sample the server aborted (a handoff in abort mode) is continued on its own, as `generate`
+    continues one. One request instead of `n` saves each side its per-request work (HTTP, parsing,
+    an admission and a prefill each), at the price of the samples staying on one server."""
+    if n < 1:
+      raise ValueError(f"a group needs n >= 1 samples, got {n}.")
+    rid = rid or uuid.uuid4().hex
+    rids = [f"{rid}-{j}" for j in range(n)]
+    self._cancelled.difference_update(rids)
+    epoch = self._abort_epoch
+    outs, server, tries = await self._segment(list(input_ids), sampling, rids, 0)
+    results = []
+    for sample_rid, out in zip(rids, outs):
+      kind = out.finish.kind
+      if kind is FinishKind.ABORT and len(out.output_ids) >= sampling.max_new_tokens:
+        kind = FinishKind.LENGTH
+      results.append(GenerationResult(sample_rid, out.output_ids, out.output_logprobs,
+                                      out.token_versions, kind, server.url, tries, 0))
+    stopped = epoch != self._abort_epoch
+    resumed = [i for i, r in enumerate(results) if r.finish_reason is FinishKind.ABORT
+               and not stopped and r.rid not in self._cancelled and self.max_continuations > 0]
+    self._cancelled.difference_update(rids)
+    if resumed:
+      self._counts["continuations"] += len(resumed)
+      log.info("group %s: %d sample(s) aborted on %s; continuing", rid, len(resumed), server.url)
+      continued = await asyncio.gather(*(self.generate(input_ids, sampling,
+                                                       resume_from=results[i]) for i in resumed))
+      for i, result in zip(resumed, continued):
+        results[i] = result
+    return results
+
+  async def _segment(self, prompt: list[int], sampling: SamplingParams, rids: list[str],
+                     attempt_base: int) -> tuple[list[proto.GenerateOutput], Server, int]:
+    """One stop/length/abort segment of each of `rids` (one request: a single sample, or a batch
+    of samples of `prompt`), retried on other servers; returns (outputs, server, tries)."""
     tried: set[str] = set()
     errors = []
     for i in range(self.max_retries + 1):
@@ -183,29 +218,33 @@ class RolloutClient:
         errors.append(str(e))
         break
       # A fresh wire id per attempt: a server that timed out may still hold the old one.
-      wire_rid = rid if attempt_base + i == 0 else f"{rid}.{attempt_base + i}"
-      body = proto.generate_request(prompt, sampling, wire_rid)
-      self._active[rid] = (server, wire_rid)
+      wire = [r if attempt_base + i == 0 else f"{r}.{attempt_base + i}" for r in rids]
+      body = (proto.generate_request(prompt, sampling, wire[0]) if len(rids) == 1 else
+              proto.generate_batch_request(prompt, sampling, wire))
+      self._active.update((r, (server, w)) for r, w in zip(rids, wire))
       self._counts["generate"] += 1
       self._counts["retries"] += int(i > 0)
       try:
         with self._gen.track(server):
-          out = await self._attempt(server, body, sampling.max_new_tokens)
+          outs = await self._attempt(server, body, sampling.max_new_tokens, len(rids))
         server.consecutive_failures = 0
-        return out, server, i + 1
+        return outs, server, i + 1
       except AttemptFailed as e:
         tried.add(server.url)
         errors.append(f"{server.url}: {e}")
-        self._record_failure(server, wire_rid, e)
+        self._record_failure(server, wire, e)
       except asyncio.CancelledError:
-        self._spawn(self._abort_on(server.url, wire_rid))
+        for w in wire:
+          self._spawn(self._abort_on(server.url, w))
         raise
       finally:
-        self._active.pop(rid, None)
-    raise GenerationError(f"request {rid} failed {len(errors)} time(s): " + " | ".join(errors))
+        for r in rids:
+          self._active.pop(r, None)
+    raise GenerationError(f"request {rids[0] if len(rids) == 1 else rids} failed {len(errors)} "
+                          "time(s): " + " | ".join(errors))
 
-  async def _attempt(self, server: Server, body: dict[str, Any],
-                     max_new_tokens: int) -> proto.GenerateOutput:
+  async def _attempt(self, server: Server, body: dict[str, Any], max_new_tokens: int,
+                     count: int) -> list[proto.GenerateOutput]:
     status, text = await self._gen.http(server.url, "POST", "/generate", body,
                                         self.request_timeout_s)
     if status in REJECTED_STATUSES and not proto.says_engine_down(text):
@@ -214,25 +253,33 @@ class RolloutClient:
     if status != 200:
       raise AttemptFailed(Fault.SERVER_ERROR, f"HTTP {status}: {text[:200]}")
     try:
-      out = proto.parse_generate_output(proto.loads_json(text), vocab_size=self.vocab_size)
-      if len(out.output_ids) > max_new_tokens:
-        raise proto.MalformedResponse(f"{len(out.output_ids)} tokens > max_new_tokens "
-                                      f"{max_new_tokens}")
+      answer = proto.loads_json(text)
+      if count > 1 and (not isinstance(answer, list) or len(answer) != count):
+        raise proto.MalformedResponse(f"a batch of {count} samples needs a list of {count} "
+                                      f"results, got {type(answer).__name__}"
+                                      f"{f' of {len(answer)}' if isinstance(answer, list) else ''}")
+      outs = [proto.parse_generate_output(obj, vocab_size=self.vocab_size)
+              for obj in (answer if count > 1 else [answer])]
+      for out in outs:
+        if len(out.output_ids) > max_new_tokens:
+          raise proto.MalformedResponse(f"{len(out.output_ids)} tokens > max_new_tokens "
+                                        f"{max_new_tokens}")
     except proto.MalformedResponse as e:
       raise AttemptFailed(Fault.MALFORMED, str(e)) from None
-    return out
+    return outs
 
-  def _record_failure(self, server: Server, wire_rid: str, e: AttemptFailed) -> None:
+  def _record_failure(self, server: Server, wire_rids: list[str], e: AttemptFailed) -> None:
     server.num_failures += 1
     server.consecutive_failures += 1  # routed to only when no server without failures is left
     if e.fault is Fault.MALFORMED:  # the server is up; only this answer is rejected
       server.num_malformed += 1
       self._counts["malformed"] += 1
-      log.error("rejected malformed response from %s for %s: %s", server.url, wire_rid, e)
+      log.error("rejected malformed response from %s for %s: %s", server.url, wire_rids, e)
       return
     self._counts["timeouts" if e.fault is Fault.TIMEOUT else "connection"] += 1
-    if e.fault is Fault.TIMEOUT:  # free the slot the hung request may still hold
-      self._spawn(self._abort_on(server.url, wire_rid))
+    if e.fault is Fault.TIMEOUT:  # free the slots the hung request may still hold
+      for wire_rid in wire_rids:
+        self._spawn(self._abort_on(server.url, wire_rid))
     self._gen.mark_down(server, str(e))
 
   async def stream(self, input_ids: Sequence[int], sampling: SamplingParams, *,

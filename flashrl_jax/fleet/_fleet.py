@@ -1,6 +1,7 @@
 """`Fleet`: the one object the controller holds for its rollout servers.
 
-Its interface is what an RL loop needs of rollout and nothing more: `generate` one sample,
+Its interface is what an RL loop needs of rollout and nothing more: `generate` one sample (or
+`generate_group`: a prompt's samples in one request),
 `publish(path, version)` a new policy (pause -> update_weights_from_disk -> continue on every
 server, in the fleet's pause mode), `stats`, and `close`. Behind it sit the client (routing,
 retries, continuations across aborts) and the supervisor (restarts, rejoin at the served version),
@@ -64,6 +65,12 @@ class Fleet:
                      rid: str | None = None) -> GenerationResult:
     """One sample to stop/length on the least-loaded server, continued across weight updates."""
     return await self.client.generate(input_ids, sampling, rid=rid)
+
+  async def generate_group(self, input_ids: Sequence[int], sampling: SamplingParams, n: int, *,
+                           rid: str | None = None) -> list[GenerationResult]:
+    """`n` samples of one prompt in one request on the least-loaded server (sample j's rid is
+    `{rid}-{j}`), each continued across weight updates."""
+    return await self.client.generate_group(input_ids, sampling, n, rid=rid)
 
   async def publish(self, path: str, version: int, *, idle: bool = False) -> dict[str, float]:
     """Makes every server serve the HF directory `path` as `version`; returns the phase times.

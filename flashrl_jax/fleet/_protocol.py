@@ -112,6 +112,16 @@ def generate_request(input_ids: Sequence[int], sampling: SamplingParams, rid: st
   return body
 
 
+def generate_batch_request(input_ids: Sequence[int], sampling: SamplingParams,
+                           rids: Sequence[str]) -> dict[str, Any]:
+  """The `/generate` body for `len(rids)` samples of one prompt in one request: SGLang's batch form
+  (the prompt once per sample, one rid each, shared sampling params); the answer is a list in the
+  same order."""
+  ids = [int(t) for t in input_ids]
+  return {"input_ids": [ids] * len(rids), "sampling_params": sampling.to_json(),
+          "rid": list(rids), "return_logprob": True, "logprob_start_len": -1}
+
+
 @dataclasses.dataclass(frozen=True)
 class VersionSpan:
   version: str
