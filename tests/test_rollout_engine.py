@@ -3,6 +3,7 @@ behaviour log-probs == the model's log-softmax at T, sampling frequencies == sof
 continuous batching, weight swaps without recompiles, every pause mode keeping every token, and
 tensor-parallel (2 fake CPU devices) == single device."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -108,14 +109,14 @@ def test_tail_requests_decode_in_a_smaller_batch_from_their_own_slots(engine, lo
   assert engine.stats.computed_slot_steps - computed < 4 * 13  # some steps ran on 2 slots
 
 
-def test_decode_blocks_give_the_tokens_of_one_step_per_call(ckpts, logits_fns):
+def test_decode_blocks_give_the_tokens_of_one_step_per_call(engine, logits_fns):
   """Several decode steps in one program (`num_continuous_decode_steps`) against one step per call
-  (the independent path: forward and sampling as separate programs): the same tokens, log-probs and
-  top candidates, for what a block can cut short — seeded sampling under top-k/top-p, stop tokens,
+  (each step's input token and sampling counter carried on the host between calls, as before the
+  blocks; the greedy and log-prob tests above check the engine against a full forward): the same
+  tokens, log-probs and top candidates, for what a block can cut short — seeded sampling under top-k/top-p, stop tokens,
   EOS, max_new_tokens not a multiple of the block, min_new_tokens banning a stop id across a block
   edge, top log-probs, more requests than slots (admissions between blocks) and a request decoding
   to the end of the context, where the block must shrink (its cache has one spare position)."""
-  paths, _ = ckpts
   prompt = [30, 31, 32]
   ref = greedy_reference(logits_fns["a"], prompt, 12)[0]
   requests = [
@@ -132,17 +133,19 @@ def test_decode_blocks_give_the_tokens_of_one_step_per_call(ckpts, logits_fns):
       ([13, 14], Sampling(temperature=1.0, max_new_tokens=6, ignore_eos=True, sampling_seed=5)),
   ]
 
-  def run(steps):
-    config = EngineConfig(paths["a"], max_running_requests=4, context_length=PAD,
-                          num_continuous_decode_steps=steps)
-    with Engine(config) as eng:
-      handles = [eng.submit(p, s, logprobs=LogprobOptions(top_n=3 if i == 2 else 0))
-                 for i, (p, s) in enumerate(requests)]
-      outs = [h.result(120) for h in handles]
-      return outs, eng.stats
+  def run(eng):
+    before = dataclasses.replace(eng.stats)
+    handles = [eng.submit(p, s, logprobs=LogprobOptions(top_n=3 if i == 2 else 0))
+               for i, (p, s) in enumerate(requests)]
+    outs = [h.result(120) for h in handles]
+    after = eng.stats
+    return outs, {k: getattr(after, k) - getattr(before, k)
+                  for k in ("decode_calls", "decode_steps", "busy_slot_steps")}
 
-  single, single_stats = run(1)
-  blocks, block_stats = run(4)
+  assert engine.config.num_continuous_decode_steps == 4  # the default: the module's engine
+  blocks, block_stats = run(engine)
+  with Engine(dataclasses.replace(engine.config, num_continuous_decode_steps=1)) as one_step:
+    single, single_stats = run(one_step)
   for one, block in zip(single, blocks):
     assert block.output_ids == one.output_ids
     np.testing.assert_allclose(block.logprobs, one.logprobs, atol=1e-5)
@@ -153,9 +156,10 @@ def test_decode_blocks_give_the_tokens_of_one_step_per_call(ckpts, logits_fns):
   assert lengths[5] == 7  # to the end of the context: prompt of PAD - 7, and the last position
   assert any(n % 4 for n in lengths)  # some ended inside a block
   assert len(single[2].output_top) == 11 and len(single[2].output_top[0]) == 3
-  assert single_stats.decode_calls == single_stats.decode_steps
-  assert block_stats.decode_calls < block_stats.decode_steps / 2
-  assert block_stats.busy_slot_steps == single_stats.busy_slot_steps  # dropped tokens: not busy
+  assert single_stats["decode_calls"] == single_stats["decode_steps"]
+  assert block_stats["decode_calls"] < block_stats["decode_steps"] / 2
+  # Tokens dropped after a request ended inside its block are not counted as busy slot-steps.
+  assert block_stats["busy_slot_steps"] == single_stats["busy_slot_steps"]
 
 
 @pytest.mark.parametrize("options", [dict(temperature=0.7, top_p=0.8),

@@ -26,8 +26,8 @@ from typing import Callable
 import jax
 
 from flashrl_jax import _failpoints as failpoints
-from flashrl_jax._gc import freeze_startup_objects
 from flashrl_jax import envs
+from flashrl_jax._gc import freeze_startup_objects
 from flashrl_jax.controller._agent_proxy import AgentProxy
 from flashrl_jax.controller._agentic import make_env_runner
 from flashrl_jax.controller._agentic_config import AgentPolicy
