@@ -76,6 +76,22 @@ def greedy_reference(logits_fn, prompt, n):
   return ids[len(prompt):], logps
 
 
+def submit_and_pause_after(engine, prompt, sampling, tokens, mode):
+  """Submits a request and pauses the engine from its own thread once the request holds `tokens`
+  output tokens: the pause lands at the end of that decode block whatever the test thread's timing
+  (polling for the count let the request finish first on a loaded machine)."""
+  paused = []
+
+  def on_update(out):
+    if not paused and len(out.output_ids) >= tokens and out.finish is None:
+      paused.append(engine.pause(mode))  # queued: runs before the next decode call
+  request = engine.submit(prompt, sampling, on_update=on_update, stream=True)
+  wait_for(lambda: paused or request.done)
+  assert paused, "the request finished before it reached the pause point"
+  paused[0].result(30)
+  return request
+
+
 def wait_for(cond, timeout=60.0):
   deadline = time.monotonic() + timeout
   while not cond():
@@ -203,17 +219,20 @@ def test_sampling_frequencies_match_softmax(temperature, top_k, top_p):
 
 
 def test_short_request_finishes_before_earlier_long_one(engine):
-  slow = Sampling(temperature=0, max_new_tokens=40, ignore_eos=True)
+  slow = Sampling(temperature=0, max_new_tokens=60, ignore_eos=True)
+  # Queued while paused, so the long request is admitted first whatever the test thread's timing
+  # (waiting for its first token let it finish all 40 tokens first once, on a loaded CI machine).
+  engine.pause(PauseMode.IN_PLACE).result(30)
   long = engine.submit([5, 6, 7], slow)
-  wait_for(lambda: long.num_generated > 0)
   # More short requests than free slots: the queued ones join as soon as a slot frees.
   shorts = [engine.submit([9, i], Sampling(temperature=0, max_new_tokens=3, ignore_eos=True))
             for i in range(6)]
+  engine.resume().result(30)
   for r in shorts:
     r.result(60)
-  assert not long.done
-  assert long.result(60).finish.length == 40
+  assert long.result(60).finish.length == 60
   assert max(r.finished_at for r in shorts) < long.finished_at
+  assert min(r.created for r in shorts) > long.created
 
 
 def test_stop_token_stop_string_and_min_new_tokens(engine):
@@ -253,13 +272,9 @@ def test_n_and_bad_requests(engine):
 
 @pytest.mark.parametrize("mode", list(PauseMode))
 def test_pause_modes_keep_every_token(engine, mode):
-  # 55 tokens (of the 64-token context): the pause must land after token 5 and before the last,
-  # and with 30 a loaded machine sometimes let the request finish first (ABORT then saw n == 30).
   s = Sampling(temperature=0, max_new_tokens=55, ignore_eos=True)
   ref = engine.generate([[40, 41]], s)[0]
-  request = engine.submit([40, 41], s)
-  wait_for(lambda: request.num_generated >= 5)
-  engine.pause(mode).result(30)
+  request = submit_and_pause_after(engine, [40, 41], s, 5, mode)
   held = engine.submit([42], Sampling(temperature=0, max_new_tokens=2))  # waits while paused
   at_pause = request.num_generated
   time.sleep(0.2)
@@ -279,12 +294,10 @@ def test_pause_modes_keep_every_token(engine, mode):
 
 def test_weight_update_in_place_spans_and_no_recompile(engine, ckpts, logits_fns):
   paths, _ = ckpts
-  s = Sampling(temperature=0, max_new_tokens=40, ignore_eos=True)  # outlasts the pause's arrival
+  s = Sampling(temperature=0, max_new_tokens=40, ignore_eos=True)
   before = engine.generate([[50, 51]], s)[0]
   compiled = engine.runner.compiled_count()
-  request = engine.submit([50, 51], s)
-  wait_for(lambda: request.num_generated >= 4)
-  engine.pause(PauseMode.IN_PLACE).result(30)
+  request = submit_and_pause_after(engine, [50, 51], s, 4, PauseMode.IN_PLACE)
   k = request.num_generated
   assert engine.update_weights_from_disk(paths["b"], "v1").result(60)[0]
   engine.resume().result(30)
@@ -307,11 +320,8 @@ def test_weight_update_in_place_spans_and_no_recompile(engine, ckpts, logits_fns
 
 def test_retract_recomputes_with_new_weights(engine, ckpts, logits_fns):
   paths, _ = ckpts
-  # Long enough not to finish before the pause lands (16 did, once decode ran 4 steps per call).
   s = Sampling(temperature=0, max_new_tokens=50, ignore_eos=True)
-  request = engine.submit([60, 61, 62], s)
-  wait_for(lambda: request.num_generated >= 4)
-  engine.pause(PauseMode.RETRACT).result(30)
+  request = submit_and_pause_after(engine, [60, 61, 62], s, 4, PauseMode.RETRACT)
   k = request.num_generated
   assert engine.update_weights_from_disk(paths["b"], "b").result(60)[0]
   engine.resume().result(30)
