@@ -260,8 +260,13 @@ def test_warmup_compiles_every_micro_batch_count_ahead():
   config = TrainConfig(batch=BatchConfig(row_length=48, rows=4, sequences_per_row=2,
                                          max_response_length=16))
   trainer = Trainer(MODEL, config, make_mesh(""), seed=2)
+  before = jax.device_get(trainer.state)
   # 8 full-length trajectories need 8 rows: 2 micro-batches of 4 rows at worst.
   assert trainer.warmup(max_sequences=8) == [1, 2]
+  # Warm-up also ran each count (on a copy of the state): the state itself is untouched.
+  after = jax.device_get(trainer.state)
+  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True):
+    np.testing.assert_array_equal(a, b)
   builds = []
   listener = lambda event, seconds, **_: (
       builds.append(event) if event == "/jax/core/compile/backend_compile_duration" else None)

@@ -15,6 +15,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from flashrl_jax.model import Decoder, ModelConfig
+from flashrl_jax.model._packed import band_widths
 from flashrl_jax.trainer._batch import Batch, Trajectory, batch_stats, micro_batch_ladder, pack
 from flashrl_jax.trainer._config import TrainConfig
 from flashrl_jax.trainer._distributed import to_host, tree_to_global
@@ -22,6 +23,11 @@ from flashrl_jax.trainer._rl_step import batch_shardings, make_train_step
 from flashrl_jax.trainer._sharding import TRAIN_RULES, Rules
 from flashrl_jax.trainer._state import (TrainState, create_train_state, merge_model,
                                         train_state_shardings)
+
+
+# `warmup` also runs each compiled step once on a copy of the state up to this size (a copy of a
+# large model's state would not fit beside it).
+_RUN_AT_WARMUP_MAX_BYTES = 1 << 30
 
 
 class Trainer:
@@ -106,8 +112,10 @@ class Trainer:
 
   def warmup(self, max_sequences: int) -> list[int]:
     """Compiles the step for every micro-batch count a step of up to `max_sequences` trajectories
-    can need (`micro_batch_ladder` up to one full-length trajectory per row), without running it;
-    returns the counts. A count first met mid-run would otherwise stop that step for a compilation.
+    can need (`micro_batch_ladder` up to one full-length trajectory per row) and, for a state up to
+    `_RUN_AT_WARMUP_MAX_BYTES`, runs each once per attention form on a copy of the state (the
+    state itself is untouched); returns the counts. A count first met mid-run would otherwise stop
+    that step for a compilation, and its first run for ~0.1 s more.
     """
     config = self.config.batch
     per_minibatch = -(-max_sequences // self.config.num_minibatches)
@@ -116,13 +124,36 @@ class Trainer:
                         response_ids=np.ones(1, np.int32), behavior_logp=np.zeros(1, np.float32),
                         reward=0.0, group_id=i) for i in range(self.config.num_minibatches)]
     counts = micro_batch_ladder(worst)
+    run_too = sum(x.nbytes for x in jax.tree.leaves(self.state)) <= _RUN_AT_WARMUP_MAX_BYTES
+    # Sequences as long as each attention band holds, and one needing the dense form: the step
+    # picks its attention per micro-batch on device (`by_band`), one branch per form.
+    longest = min(config.row_length, config.max_response_length + 1)
+    lengths = [w for w in band_widths(config.row_length) if w < longest] + [longest]
     for m in counts:
       host = pack(dummy, config, self.config.num_minibatches, min_micro_batches=m)
       batch = tree_to_global(host, self.batch_shardings)
       self._step.lower(self.state, batch, self.ref_params).compile()  # cached for later calls
+      if run_too:
+        # A program's first run, and each attention branch's, costs more than later ones even
+        # once compiled (XLA:CPU, the long-tail bench's step: +90-140 ms at 2, 3, 4 and 6
+        # micro-batches): run each on a throwaway copy of the state (the step donates it), so no
+        # step pays that mid-run.
+        for length in lengths:
+          host = pack(_dummies(self.config.num_minibatches, length), config,
+                      self.config.num_minibatches, min_micro_batches=m)
+          throwaway = jax.tree.map(lambda x: x.copy(), self.state)
+          jax.block_until_ready(self._step(throwaway, tree_to_global(host, self.batch_shardings),
+                                           self.ref_params))
     return counts
 
   def compilations(self) -> int:
     """How many shapes the jitted step has compiled for (a fixed handful in a healthy run)."""
     return self._step._cache_size()  # pylint: disable=protected-access
 
+
+def _dummies(count: int, length: int) -> list[Trajectory]:
+  """`count` trajectories of `length` tokens (1 prompt token), for warm-up runs."""
+  return [Trajectory(sample_id=i, prompt_ids=np.ones(1, np.int32),
+                     response_ids=np.ones(length - 1, np.int32),
+                     behavior_logp=np.zeros(length - 1, np.float32), reward=float(i % 2),
+                     group_id=i // 2) for i in range(count)]
