@@ -72,10 +72,10 @@ class GroupRunner:
     start = time.perf_counter()
     results = await self.fleet.generate_group(group.prompt_ids, self.sampling, group.n,
                                               rid=f"p{group.prompt_index}-{id(group):x}")
-    responses = [self._response(group, j, r, dispatched, start) for j, r in enumerate(results)]
+    group.responses.extend(self._response(group, j, r, dispatched, start)
+                           for j, r in enumerate(results))
     if score:
-      await asyncio.gather(*(self._reward(group, r) for r in responses))
-    group.responses.extend(responses)
+      await self.score(group)
 
   def _response(self, group: Group, replica: int, result: GenerationResult, dispatched: int,
                 start: float) -> Response:

@@ -14,8 +14,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from flashrl_jax.model import Decoder, ModelConfig
-from flashrl_jax.model._packed import band_widths
+from flashrl_jax.model import Decoder, ModelConfig, band_widths
 from flashrl_jax.trainer._batch import Batch, Trajectory, batch_stats, micro_batch_ladder, pack
 from flashrl_jax.trainer._config import TrainConfig
 from flashrl_jax.trainer._distributed import to_host, tree_to_global
@@ -120,9 +119,7 @@ class Trainer:
     config = self.config.batch
     per_minibatch = -(-max_sequences // self.config.num_minibatches)
     worst = -(-per_minibatch // config.rows)
-    dummy = [Trajectory(sample_id=i, prompt_ids=np.ones(1, np.int32),
-                        response_ids=np.ones(1, np.int32), behavior_logp=np.zeros(1, np.float32),
-                        reward=0.0, group_id=i) for i in range(self.config.num_minibatches)]
+    dummy = _dummies(self.config.num_minibatches, 2)
     counts = micro_batch_ladder(worst)
     run_too = sum(x.nbytes for x in jax.tree.leaves(self.state)) <= _RUN_AT_WARMUP_MAX_BYTES
     # Sequences as long as each attention band holds, and one needing the dense form: the step
