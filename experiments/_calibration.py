@@ -110,6 +110,22 @@ def stream_request_s(server_s: float, before: list[dict[str, float]],
   return max(server_s - decoding, 0.0) / requests
 
 
+def stream_point(server_s: float, before: list[dict[str, float]],
+                 after: list[dict[str, float]], servers_per_worker: int = 1
+                 ) -> tuple[float, float]:
+  """(live requests per worker step, server CPU seconds per worker step) of a stream window whose
+  servers were on a CPU `server_s` seconds (all their threads, summed): everything the servers
+  did, spread over the token steps they made. A worker whose core holds k servers advances its
+  requests by one token when each of them has made a step, so its step holds k servers' steps.
+  CPU time, not wall time: a server waiting for the next request costs a run nothing."""
+  steps = sum(a["decode_steps"] - b["decode_steps"] for b, a in zip(before, after, strict=True))
+  busy = sum(a["busy_slot_steps"] - b["busy_slot_steps"]
+             for b, a in zip(before, after, strict=True))
+  if steps <= 0:
+    raise ValueError("a stream window without a decode step prices nothing")
+  return servers_per_worker * busy / steps, servers_per_worker * server_s / steps
+
+
 def _median(values) -> float:
   return float(statistics.median(values))
 
@@ -269,23 +285,31 @@ class _Bench:
 
   async def stream(self, urls: list[str], groups: list[list[int]], decode: dict[str, Any],
                    seconds: float = 4.0) -> dict[str, Any]:
-    """The per-request cost as an async run makes requests: a steady stream of groups (n requests
-    of one prompt, lengths drawn from the initial policy's groups, `ignore_eos`), each lane sending
-    its next group as soon as its last one is scored, so the servers hold about half their slots
-    and requests arrive one group at a time, while earlier ones decode. The batches of `decode`
-    admit a batch at once (prefills of up to `max_prefill_batch`, one HTTP burst), which is how a
-    sync step's requests arrive, not an async run's; measured here (2026-11-26, long-tail model,
-    one server, 8 live requests) a stream's server made 14,000 tokens/s against a static batch's
-    24,000, its decode iteration 0.42 ms against 0.29 (the HTTP and admission work of the requests
-    arriving and leaving runs on the same core, inside the decode calls' wall time).
+    """The rollout as an async run makes requests: a steady stream of groups (n requests of one
+    prompt, lengths drawn from the initial policy's groups, `ignore_eos`), each lane sending its
+    next group as soon as its last one is scored, so requests arrive one group at a time while
+    earlier ones decode. The batches of `decode` admit a batch at once (prefills of up to
+    `max_prefill_batch`, one HTTP burst), which is how a sync step's requests arrive, not an async
+    run's; measured (2026-11-26, long-tail model, one server, 8 live requests) a stream's server
+    made 14,000 tokens/s against a static batch's 24,000, its decode iteration 0.42 ms against
+    0.29 (the HTTP and admission work of the requests arriving and leaving runs on the same core).
 
-    What the stream's server CPU time holds beyond the decode steps the static table prices (each
-    server's decode steps at its mean live requests) is charged per request: `request_s`; the
-    servers' CPU contention over the stream is what an async run's is compared with."""
+    Measured at lane counts from 1/8 of the slots' worth of groups to all of them, so it covers the
+    live counts async runs keep (α = 1 fewer, α = 4 more). Each point is the servers' CPU time per
+    decode step at the step's mean live requests (`stream_point`): the decode, and the work of the
+    requests arriving and leaving at the workload's own turnover, together — a stream's
+    per-request work and per-token work cannot be told apart at one length law (the requests per
+    step are the tokens per step over the mean length), and need not be, since a run has that law.
+    The async prediction prices a worker's step with this table and no separate request cost. The
+    per-request cost beyond the static table (`request_s`, as before, at half the slots) is kept
+    for comparison. The servers' CPU contention over the stream is what an async run's is
+    compared with."""
     from flashrl_jax.fleet import SamplingParams
     rng = np.random.default_rng(0)
     n = self.config.group_size
-    lanes = max(1, self.slots * self.workers // (2 * n))
+    full = max(1, self.slots * self.workers // n)
+    lane_counts = sorted({max(1, full // d) for d in (8, 4, 2, 1)})
+    half = max(1, full // 2)
     table = (decode["decode_active"], decode["decode_step_s"])
     requests = 0
 
@@ -300,23 +324,38 @@ class _Bench:
             temperature=self.config.rollout.temperature), sample) for length in lengths[:n]))
         requests += len(lengths[:n])
 
-    await asyncio.gather(*(lane(time.perf_counter() + 1.0) for _ in range(lanes)))  # warm
-    walls, per_request = [], []
     servers = processes(os.getpid())[1]
     cpu_before = cpu_times(servers)
-    for _ in range(self.reps):
-      requests = 0
-      before = [server_counters(u) for u in urls]
-      on_cpu = cpu_times(servers)[0]
-      start = time.perf_counter()
-      await asyncio.gather(*(lane(start + seconds) for _ in range(lanes)))
-      walls.append(time.perf_counter() - start)
-      server_s = cpu_times(servers)[0] - on_cpu
-      after = [server_counters(u) for u in urls]
-      per_request.append(stream_request_s(server_s, before, after, *table, requests))
+    points, per_request, walls = {}, [], []
+    for lanes in lane_counts:
+      await asyncio.gather(*(lane(time.perf_counter() + 1.0) for _ in range(lanes)))  # warm
+      lives, steps = [], []
+      for _ in range(self.reps):
+        requests = 0
+        before = [server_counters(u) for u in urls]
+        on_cpu = cpu_times(servers)[0]
+        start = time.perf_counter()
+        await asyncio.gather(*(lane(start + seconds) for _ in range(lanes)))
+        walls.append(time.perf_counter() - start)
+        server_s = cpu_times(servers)[0] - on_cpu
+        after = [server_counters(u) for u in urls]
+        live, step = stream_point(server_s, before, after, len(urls) // self.workers)
+        lives.append(live)
+        steps.append(step)
+        if lanes == half:
+          per_request.append(stream_request_s(server_s, before, after, *table, requests))
+      points[lanes] = (_median(lives), _median(steps))
+    kept = []  # by live requests, each more than the last (a table's points)
+    for lanes, (live, step) in sorted(points.items(), key=lambda kv: kv[1][0]):
+      if not kept or live > kept[-1][1]:
+        kept.append((lanes, live, step))
+    # A step never gets cheaper with more live requests: a dip is the shared machine's noise.
+    step_s = _nondecreasing([step for _, _, step in kept])
     # The servers' threads (HTTP, engine, XLA) wait for one another on their core in a stream as
     # they do in a run: the contention a run's is compared with (sim_vs_measured).
-    return {"request_s": _median(per_request), "lanes": lanes, "seconds": walls,
+    return {"active": [live for _, live, _ in kept], "step_s": step_s,
+            "lanes": [lanes for lanes, _, _ in kept],
+            "request_s": _median(per_request) if per_request else 0.0, "seconds": walls,
             "raw_request_s": per_request,
             "contention": contention(cpu_before, cpu_times(servers))}
 

@@ -244,6 +244,38 @@ def test_a_streams_request_cost_is_its_server_time_beyond_the_priced_decode_step
     _calibration.stream_request_s(1.0, idle, idle, *table, requests=0)
 
 
+def test_a_stream_point_is_the_servers_cpu_time_per_worker_step():
+  # Two servers, one per worker, on a CPU 2 s together over 1000 + 1000 steps at 6 and 2 live.
+  before = [{"decode_steps": 10, "busy_slot_steps": 60}, {"decode_steps": 0, "busy_slot_steps": 0}]
+  after = [{"decode_steps": 1010, "busy_slot_steps": 6060},
+           {"decode_steps": 1000, "busy_slot_steps": 2000}]
+  assert _calibration.stream_point(2.0, before, after) == (pytest.approx(4.0), pytest.approx(1e-3))
+  # Both servers on one core (one worker): its requests advance a token per two server steps.
+  assert _calibration.stream_point(2.0, before, after, servers_per_worker=2) == \
+      (pytest.approx(8.0), pytest.approx(2e-3))
+  with pytest.raises(ValueError, match="without a decode step"):
+    _calibration.stream_point(1.0, before, before)
+
+
+def test_async_steps_are_priced_by_the_stream_and_sync_steps_by_the_batches():
+  # The stream's table holds its requests' work, so async adds no request cost; sync keeps the
+  # static table and the batch's request cost. A calibration without a stream table (written
+  # before it) prices async as sync.
+  cal = _calibration_of(length=50, step_s=0.004, train_s=0.05)
+  cal["rollout"]["request_s"] = 0.01
+  knobs = (4, 4, PauseMode.IN_PLACE, 8, 3)
+  old = sim_vs_measured.sim_config(cal, "async", 2, *knobs).cost
+  assert (old.decode.step_time(4), old.request_s) == (pytest.approx(0.004), 0.01)
+  cal["rollout"]["stream"] = {"active": [1.5, 6.0], "step_s": [0.001, 0.003], "contention": 1.0,
+                              "request_s": 0.02}
+  stream = sim_vs_measured.sim_config(cal, "async", 2, *knobs, rollout_slowdown=2.0).cost
+  assert stream.request_s == 0.0
+  assert stream.decode.step_time(1) == pytest.approx(0.002)  # flat below the first point
+  assert stream.decode.step_time(3) == pytest.approx(2 * (0.001 + 0.002 * 1.5 / 4.5))
+  sync = sim_vs_measured.sim_config(cal, "sync", 0, *knobs).cost
+  assert (sync.decode.step_time(4), sync.request_s) == (pytest.approx(0.004), 0.01)
+
+
 def test_async_servers_are_referenced_at_the_contention_of_the_calibrations_stream():
   # A server's own threads wait for one another in a stream of requests (contention 1.8 here)
   # more than over static decode batches (1.5): an async run is a stream, so its servers are

@@ -86,14 +86,22 @@ def sim_config(calibration: dict, mode: str, alpha: int, batch_size: int, group_
   ro, tr = calibration["rollout"], calibration["trainer"]["alone"]
   r, t = rollout_slowdown, train_slowdown
   handoff = {k: v * r for k, v in ro["handoff"]["idle" if mode == "sync" else "busy"].items()}
-  cost = sim.CostModel(
-      **calibration["interference"],
-      decode=sim.TabulatedDecode(ro["decode_active"], [s * r for s in ro["decode_step_s"]],
+  stream = ro.get("stream", {})
+  if mode != "sync" and "step_s" in stream:
+    # An async run's servers meet a stream: its table holds the requests' arrivals and departures
+    # at the workload's own turnover and contexts, so no request cost or context factor is added.
+    decode = sim.TabulatedDecode(stream["active"], [s * r for s in stream["step_s"]])
+    request_s = 0.0
+  else:
+    decode = sim.TabulatedDecode(ro["decode_active"], [s * r for s in ro["decode_step_s"]],
                                  context_ref=ro.get("decode_context_ref", 0.0),
                                  context_slope=ro.get("decode_context_slope", 0.0),
                                  # Our engine pads a step's requests to the longest one's span.
-                                 context_of=sim.Context.LONGEST),
-      request_s=ro["request_s"] * r, reward_s=(ro["reward_s"] + ro["latency_s"]) * r,
+                                 context_of=sim.Context.LONGEST)
+    request_s = ro["request_s"]
+  cost = sim.CostModel(
+      **calibration["interference"], decode=decode,
+      request_s=request_s * r, reward_s=(ro["reward_s"] + ro["latency_s"]) * r,
       train=sim.TabulatedTrain(tr["train_tokens"], [s * t for s in tr["train_s"]]),
       sync=sim.SyncModel(export_s=tr["export_s"] * t, **handoff))
   workers = ro["workers"]
@@ -385,6 +393,10 @@ def main(argv):
             + f"; request {ro['request_s'] * 1e3:.2f}ms"
             + (f" (in a stream; {ro['request_batch_s'] * 1e3:.2f}ms admitted as a batch)"
                if "stream" in ro else "")
+            + ("; stream step (async) " + ", ".join(
+                f"{a:.1f}:{s * 1e3:.2f}ms" for a, s in zip(ro["stream"]["active"],
+                                                          ro["stream"]["step_s"]))
+               if "step_s" in ro.get("stream", {}) else "")
             + f" + latency {ro['latency_s'] * 1e3:.1f}ms; "
             f"train {tr['train_s'][0]:.3f}-{tr['train_s'][1]:.3f}s for {tr['train_tokens'][0]}-"
             f"{tr['train_tokens'][1]} tokens, export {tr['export_s']:.3f}s; train "

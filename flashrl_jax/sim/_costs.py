@@ -115,19 +115,19 @@ class TabulatedDecode:
   request beside it cost what it does).
   """
 
-  active: tuple[int, ...]
+  active: tuple[float, ...]  # mean live requests (a stream's are fractional)
   step_s: tuple[float, ...]
   context_ref: float = 0.0
   context_slope: float = 0.0
   context_of: Context = Context.MEAN
 
   def __post_init__(self):
-    object.__setattr__(self, "active", tuple(int(a) for a in self.active))
+    object.__setattr__(self, "active", tuple(float(a) for a in self.active))
     object.__setattr__(self, "step_s", tuple(float(t) for t in self.step_s))
     if len(self.active) != len(self.step_s) or not self.active:
       raise ValueError(f"need as many step times as active counts, got {self}")
-    if any(b <= a for a, b in zip(self.active, self.active[1:])) or self.active[0] < 1:
-      raise ValueError(f"active counts must be >= 1 and increasing, got {self.active}")
+    if any(b <= a for a, b in zip(self.active, self.active[1:])) or self.active[0] <= 0:
+      raise ValueError(f"active counts must be > 0 and increasing, got {self.active}")
     if min(self.step_s) <= 0:
       raise ValueError(f"step times must be > 0, got {self.step_s}")
     if self.context_slope < 0:
