@@ -327,3 +327,14 @@ def test_a_runs_decode_iteration_is_compared_at_the_calibrated_step_per_worker()
   # Two servers sharing one core are one worker: 2 live each is 4 on the worker.
   cal["rollout"]["workers"] = 1
   assert sim_vs_measured.calibrated_step_s(cal, 2.0, servers=2) == pytest.approx(0.004)
+
+
+def test_an_interference_factor_is_the_median_of_paired_step_ratios():
+  # Steps i of both lists trained the same batch: batch sizes differ a lot (0.02 s vs 0.06 s),
+  # so the ratio of the two lists' medians would mix which batches fell in the middle.
+  alone = [0.02, 0.06, 0.03, 0.05, 0.04]
+  beside = [0.03, 0.09, 0.045, 0.05, 0.06]  # x1.5 but one step x1.0
+  assert _calibration.paired_factor(beside, alone) == pytest.approx(1.5)
+  assert _calibration.paired_factor([0.01, 0.02], [0.02, 0.04]) == 1.0  # never a speed-up
+  with pytest.raises(ValueError, match="same steps"):
+    _calibration.paired_factor([0.1], [0.1, 0.2])
