@@ -12,10 +12,11 @@ this process instead puts the async event loop on the rollout cores), and measur
   its growth with context (the same with prompts as long as a training row allows), the
   per-request cost that blocks a core (prefill, HTTP, client work: the slope of the intercept in
   `a`) and the per-request latency that does not (the intercept's intercept);
-- async layout only, the per-request cost as an async run meets it: a steady stream of groups
-  (`_Bench.stream`: on the long-tail server a request arriving alone while others decode cost
-  4.5x what one of a batch admitted at once does, 1.17 against 0.26 ms), with the servers' CPU
-  contention over it;
+- async layout only, decode as an async run meets it: a steady stream of groups at four lane
+  counts (`_Bench.stream`): the servers' CPU time per decode step at each mean live count, a table
+  that holds the arriving and leaving requests' work (on the long-tail server a request arriving
+  alone while others decode cost 4.5x what one of a batch admitted at once does, 1.17 against
+  0.26 ms), with the servers' CPU contention over it;
 - response lengths: the initial policy on prompts of the task that the runs never draw (same
   sampling), kept as groups (`scheduling.EmpiricalLengths`);
 - the weight handoff (`Fleet.publish`, the run's pause mode), with idle servers (what a sync
@@ -24,7 +25,8 @@ this process instead puts the async event loop on the rollout cores), and measur
   process unless the config trains in-process) on batches drawn from those lengths, as a function
   of trained tokens, with the servers idle;
 - async layout only, the interference of trainer and rollout client: the train step while the
-  client keeps every slot decoding, and a full rollout batch while the trainer trains. They meet
+  client keeps half the slots decoding, and a full rollout batch while the trainer trains (each
+  against the same batches alone: medians of paired ratios). They meet
   where the run makes them meet: with a learner process (`RunConfig.learner_process`, the default)
   the trainer is one, started as the run starts it, and the event loop shares its core (1+1) or a
   server does too (2+1); without one, trainer and client share this process and its interpreter
