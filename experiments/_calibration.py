@@ -51,7 +51,6 @@ import concurrent.futures
 import dataclasses
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,6 +59,8 @@ from typing import Any
 
 import numpy as np
 
+from experiments._calibration_fits import (_median, _nondecreasing, fit_train, paired_factor,
+                                          stream_point, stream_request_s)
 from experiments._cpu_time import contention, cpu_times, probe, probe_pair, processes
 from experiments._server_profile import server_counters
 from flashrl_jax.controller import Learner, LearnerProcess, RunConfig, engine_server_args
@@ -91,84 +92,6 @@ def layout(config: RunConfig, cores: list[int]) -> Layout:
   if plan.server_cpus is None or plan.trainer_cpus is None:
     raise ValueError("calibration needs local rollout servers on CPU")
   return Layout(tuple(plan.server_cpus), plan.controller_cpus, tuple(plan.trainer_cpus))
-
-
-def stream_request_s(server_s: float, before: list[dict[str, float]],
-                     after: list[dict[str, float]], active: list[int], step_s: list[float],
-                     requests: int) -> float:
-  """Server seconds per request of a stream whose servers were on a CPU `server_s` seconds (all
-  their threads, summed), beyond its decode steps priced by the static table (`active`, `step_s`)
-  at each server's mean live requests over the window (`before`/`after`: the servers'
-  `decode_steps`, `busy_slot_steps` counters). CPU time, not wall time: a server waiting for the
-  next request (the lanes' round trips, the client's scoring) costs a run nothing."""
-  if requests < 1:
-    raise ValueError("a stream window without a finished request prices nothing")
-  decoding = 0.0
-  for b, a in zip(before, after, strict=True):
-    steps = a["decode_steps"] - b["decode_steps"]
-    if steps:
-      live = (a["busy_slot_steps"] - b["busy_slot_steps"]) / steps
-      decoding += steps * float(np.interp(live, active, step_s))
-  return max(server_s - decoding, 0.0) / requests
-
-
-def stream_point(server_s: float, before: list[dict[str, float]],
-                 after: list[dict[str, float]], servers_per_worker: int = 1
-                 ) -> tuple[float, float]:
-  """(live requests per worker step, server CPU seconds per worker step) of a stream window whose
-  servers were on a CPU `server_s` seconds (all their threads, summed): everything the servers
-  did, spread over the token steps they made. A worker whose core holds k servers advances its
-  requests by one token when each of them has made a step, so its step holds k servers' steps.
-  CPU time, not wall time: a server waiting for the next request costs a run nothing."""
-  steps = sum(a["decode_steps"] - b["decode_steps"] for b, a in zip(before, after, strict=True))
-  busy = sum(a["busy_slot_steps"] - b["busy_slot_steps"]
-             for b, a in zip(before, after, strict=True))
-  if steps <= 0:
-    raise ValueError("a stream window without a decode step prices nothing")
-  return servers_per_worker * busy / steps, servers_per_worker * server_s / steps
-
-
-def paired_factor(beside: list[float], alone: list[float]) -> float:
-  """How much slower the same steps ran beside the other side: the median of the per-step ratios
-  (step i of both lists trained the same batch), at least 1."""
-  if len(beside) != len(alone) or not alone:
-    raise ValueError(f"need the same steps both ways, got {len(beside)} and {len(alone)}")
-  return max(_median([b / a for b, a in zip(beside, alone, strict=True)]), 1.0)
-
-
-def _median(values) -> float:
-  return float(statistics.median(values))
-
-
-def _nondecreasing(values: list[float], floor: float = 1e-6) -> list[float]:
-  """Least-squares non-decreasing fit (pool adjacent violators): a decode step never gets cheaper
-  with more live requests, so a dip is timing noise of the shared machine, averaged away here."""
-  blocks: list[list[float]] = []  # [mean, weight]
-  for v in values:
-    blocks.append([v, 1.0])
-    while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-      (m1, w1), (m2, w2) = blocks[-2], blocks.pop()
-      blocks[-1] = [(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2]
-  return [max(m, floor) for m, w in blocks for _ in range(int(w))]
-
-
-def fit_train(tokens, seconds) -> tuple[tuple[int, int], list[float]]:
-  """Train-step seconds at the fewest and most tokens measured: a Theil-Sen line (the median of
-  the pairwise slopes, kept >= 0, through the median residual), without the steps that took over
-  3x the median (a compilation or a descheduled thread: a 3-5 s step among 0.05 s ones, seen),
-  which a run's step pays once if at all. Medians, not least squares: two of twelve steps slowed
-  1.7x and 2.9x by the shared machine tilted a least-squares line to 0.032-0.073 s where the
-  other ten lay on 0.026-0.059 s (a calibration of 2026-11-26)."""
-  t, s = np.asarray(tokens, float), np.asarray(seconds, float)
-  typical = s <= 3 * np.median(s)
-  t, s = t[typical], s[typical]
-  i, j = np.triu_indices(len(t), k=1)
-  apart = t[j] != t[i]
-  slope = (max(float(np.median((s[j] - s[i])[apart] / (t[j] - t[i])[apart])), 0.0)
-           if apart.any() else 0.0)
-  intercept = float(np.median(s - slope * t))
-  lo, hi = int(t.min()), max(int(t.max()), int(t.min()) + 1)
-  return (lo, hi), [max(intercept + slope * x, 0.0) for x in (lo, hi)]
 
 
 def start_learner(config: RunConfig, workdir: str) -> Learner | LearnerProcess:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from experiments import _calibration, _cpu_time
+from experiments import _calibration, _calibration_fits, _cpu_time
 from experiments.benchmarks import sim_vs_measured
 from flashrl_jax import sim
 from flashrl_jax.scheduling import PauseMode
@@ -72,7 +72,7 @@ def test_async_prediction_uses_the_async_layout_and_the_bound():
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.floats(-1.0, 1.0), min_size=1, max_size=9))
 def test_decode_steps_are_fitted_non_decreasing(values):
-  fitted = _calibration._nondecreasing(values, floor=-10.0)
+  fitted = _calibration_fits._nondecreasing(values, floor=-10.0)
   assert all(b >= a - 1e-12 for a, b in zip(fitted, fitted[1:]))
   assert sum(fitted) == pytest.approx(sum(values))  # pooling keeps the mean of each block
   if all(b >= a for a, b in zip(values, values[1:])):
@@ -160,7 +160,7 @@ def test_train_fit_ignores_a_compiling_step():
   tokens = [1000, 1500, 2000, 2500, 3000, 1200, 1800]
   seconds = [0.05 + 1e-5 * x for x in tokens]
   seconds[2] = 3.2
-  (lo, hi), fit = _calibration.fit_train(tokens, seconds)
+  (lo, hi), fit = _calibration_fits.fit_train(tokens, seconds)
   assert (lo, hi) == (1000, 3000)
   assert fit == pytest.approx([0.06, 0.08], rel=1e-6)
 
@@ -172,11 +172,11 @@ def test_train_fit_is_not_tilted_by_slowed_steps():
   # 0.032 and 0.073).
   tokens = [1168, 1670, 2582, 2568, 2796, 1765, 1896, 1114, 880, 1618, 1772, 1734]
   seconds = [0.026, 0.04, 0.123, 0.059, 0.059, 0.044, 0.04, 0.026, 0.075, 0.043, 0.042, 0.043]
-  (lo, hi), fit = _calibration.fit_train(tokens, seconds)
+  (lo, hi), fit = _calibration_fits.fit_train(tokens, seconds)
   assert (lo, hi) == (880, 2796)
   assert 0.015 < fit[0] < 0.029 and 0.055 < fit[1] < 0.066
   # Steps that all took the same time whatever their tokens: a flat line, not a negative slope.
-  assert _calibration.fit_train([1000, 2000, 3000], [0.05, 0.05, 0.04])[1] == \
+  assert _calibration_fits.fit_train([1000, 2000, 3000], [0.05, 0.05, 0.04])[1] == \
       pytest.approx([0.05, 0.05])
 
 
@@ -233,15 +233,15 @@ def test_a_streams_request_cost_is_its_server_time_beyond_the_priced_decode_step
   before = [{"decode_steps": 10, "busy_slot_steps": 60}, {"decode_steps": 0, "busy_slot_steps": 0}]
   after = [{"decode_steps": 1010, "busy_slot_steps": 6060},
            {"decode_steps": 500, "busy_slot_steps": 1000}]
-  assert _calibration.stream_request_s(4.0, before, after, *table, requests=100) == \
+  assert _calibration_fits.stream_request_s(4.0, before, after, *table, requests=100) == \
       pytest.approx(0.035)
   # A server that decoded nothing adds all its CPU time; more decode than CPU is not negative.
   idle = [{"decode_steps": 5, "busy_slot_steps": 5}]
-  assert _calibration.stream_request_s(1.0, idle, idle, *table, requests=10) == pytest.approx(0.1)
+  assert _calibration_fits.stream_request_s(1.0, idle, idle, *table, requests=10) == pytest.approx(0.1)
   busy = [{"decode_steps": 10_000, "busy_slot_steps": 80_000}]
-  assert _calibration.stream_request_s(1.0, idle, busy, *table, requests=10) == 0.0
+  assert _calibration_fits.stream_request_s(1.0, idle, busy, *table, requests=10) == 0.0
   with pytest.raises(ValueError, match="without a finished request"):
-    _calibration.stream_request_s(1.0, idle, idle, *table, requests=0)
+    _calibration_fits.stream_request_s(1.0, idle, idle, *table, requests=0)
 
 
 def test_a_stream_point_is_the_servers_cpu_time_per_worker_step():
@@ -249,12 +249,12 @@ def test_a_stream_point_is_the_servers_cpu_time_per_worker_step():
   before = [{"decode_steps": 10, "busy_slot_steps": 60}, {"decode_steps": 0, "busy_slot_steps": 0}]
   after = [{"decode_steps": 1010, "busy_slot_steps": 6060},
            {"decode_steps": 1000, "busy_slot_steps": 2000}]
-  assert _calibration.stream_point(2.0, before, after) == (pytest.approx(4.0), pytest.approx(1e-3))
+  assert _calibration_fits.stream_point(2.0, before, after) == (pytest.approx(4.0), pytest.approx(1e-3))
   # Both servers on one core (one worker): its requests advance a token per two server steps.
-  assert _calibration.stream_point(2.0, before, after, servers_per_worker=2) == \
+  assert _calibration_fits.stream_point(2.0, before, after, servers_per_worker=2) == \
       (pytest.approx(8.0), pytest.approx(2e-3))
   with pytest.raises(ValueError, match="without a decode step"):
-    _calibration.stream_point(1.0, before, before)
+    _calibration_fits.stream_point(1.0, before, before)
 
 
 def test_async_steps_are_priced_by_the_stream_and_sync_steps_by_the_batches():
@@ -334,7 +334,7 @@ def test_an_interference_factor_is_the_median_of_paired_step_ratios():
   # so the ratio of the two lists' medians would mix which batches fell in the middle.
   alone = [0.02, 0.06, 0.03, 0.05, 0.04]
   beside = [0.03, 0.09, 0.045, 0.05, 0.06]  # x1.5 but one step x1.0
-  assert _calibration.paired_factor(beside, alone) == pytest.approx(1.5)
-  assert _calibration.paired_factor([0.01, 0.02], [0.02, 0.04]) == 1.0  # never a speed-up
+  assert _calibration_fits.paired_factor(beside, alone) == pytest.approx(1.5)
+  assert _calibration_fits.paired_factor([0.01, 0.02], [0.02, 0.04]) == 1.0  # never a speed-up
   with pytest.raises(ValueError, match="same steps"):
-    _calibration.paired_factor([0.1], [0.1, 0.2])
+    _calibration_fits.paired_factor([0.1], [0.1, 0.2])
