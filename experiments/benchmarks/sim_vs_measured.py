@@ -157,7 +157,7 @@ def reference_contention(calibration: dict, mode: str, overlap: Overlap | None =
   so is an async calibration that measured no interference (written before 2026-11-26 for 1+1).
   Async: the servers' contention is the one measured over the calibration's steady stream of
   requests where there is one (a server's HTTP, engine and XLA threads wait for one another on its
-  core in a stream, and the stream's per-request cost already charges that); the trainer shares
+  core in a stream, and the stream's table already charges that); the trainer shares
   its core with the client's loop (and in 2+1 a server), so a run's
   contention holds that sharing while both sides work; the calibrated interference factors already
   charge it, so the reference holds it too, for the same share of the time. The sharing is the
