@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments._calibration_fits import (_median, _nondecreasing, fit_train, paired_factor,
+from experiments._calibration_fits import (fit_train, median, nondecreasing, paired_factor,
                                           stream_point, stream_request_s)
 from experiments._cpu_time import contention, cpu_times, probe, probe_pair, processes
 from experiments._server_profile import server_counters
@@ -187,9 +187,9 @@ class _Bench:
       for a in active:
         for tokens in (l1, l2):
           walls.setdefault((a, tokens), []).append(await self.batch(a, tokens))
-    step = _nondecreasing([(_median(walls[(a, l2)]) - _median(walls[(a, l1)])) / (l2 - l1)
+    step = nondecreasing([(median(walls[(a, l2)]) - median(walls[(a, l1)])) / (l2 - l1)
                            for a in active])
-    fixed = [_median(walls[(a, l1)]) - l1 * s for a, s in zip(active, step)]
+    fixed = [median(walls[(a, l1)]) - l1 * s for a, s in zip(active, step)]
     # fixed(a) = latency + (a / workers) * request_s: a worker admits its a/workers requests one
     # after another (blocking), while the round trip is paid once.
     slope, intercept = np.polyfit(per_worker, fixed, 1)
@@ -210,7 +210,7 @@ class _Bench:
           for tokens in (l1, l2c):
             long.setdefault((a, tokens), []).append(await self.batch(a, tokens, long_prompt))
       for a in probes:
-        step_long = (_median(long[(a, l2c)]) - _median(long[(a, l1)])) / (l2c - l1)
+        step_long = (median(long[(a, l2c)]) - median(long[(a, l1)])) / (l2c - l1)
         ratio = step_long / step[active.index(a)]
         slopes.append((ratio - 1.0) / (long_prompt + (l1 + l2c) / 2 - context_ref))
     return {"decode_active": per_worker, "decode_step_s": step,
@@ -280,18 +280,18 @@ class _Bench:
         steps.append(step)
         if lanes == half:
           per_request.append(stream_request_s(server_s, before, after, *table, requests))
-      points[lanes] = (_median(lives), _median(steps))
+      points[lanes] = (median(lives), median(steps))
     kept = []  # by live requests, each more than the last (a table's points)
     for lanes, (live, step) in sorted(points.items(), key=lambda kv: kv[1][0]):
       if not kept or live > kept[-1][1]:
         kept.append((lanes, live, step))
     # A step never gets cheaper with more live requests: a dip is the shared machine's noise.
-    step_s = _nondecreasing([step for _, _, step in kept])
+    step_s = nondecreasing([step for _, _, step in kept])
     # The servers' threads (HTTP, engine, XLA) wait for one another on their core in a stream as
     # they do in a run: the contention a run's is compared with (sim_vs_measured).
     return {"active": [live for _, live, _ in kept], "step_s": step_s,
             "lanes": [lanes for lanes, _, _ in kept],
-            "request_s": _median(per_request) if per_request else 0.0, "seconds": walls,
+            "request_s": median(per_request) if per_request else 0.0, "seconds": walls,
             "raw_request_s": per_request,
             "contention": contention(cpu_before, cpu_times(servers))}
 
@@ -306,7 +306,7 @@ class _Bench:
       await asyncio.sleep(0.2)
       busy.append(await self.fleet.publish(path, 2 * version + 1))
       await load
-    return {name: {k.split("/")[1]: _median([h[k] for h in hs[1:]]) for k in hs[0]}
+    return {name: {k.split("/")[1]: median([h[k] for h in hs[1:]]) for k in hs[0]}
             for name, hs in (("busy", busy), ("idle", idle))}
 
   async def reward(self, count: int = 200) -> float:
@@ -426,7 +426,7 @@ class _Bench:
       if load is not None:
         await load
     (lo, hi), fit = fit_train(tokens, seconds)
-    return {"train_tokens": [lo, hi], "train_s": fit, "export_s": _median(exports),
+    return {"train_tokens": [lo, hi], "train_s": fit, "export_s": median(exports),
             "raw_tokens": tokens, "raw_seconds": seconds}
 
 

@@ -51,14 +51,14 @@ def paired_factor(beside: list[float], alone: list[float]) -> float:
   (step i of both lists trained the same batch), at least 1."""
   if len(beside) != len(alone) or not alone:
     raise ValueError(f"need the same steps both ways, got {len(beside)} and {len(alone)}")
-  return max(_median([b / a for b, a in zip(beside, alone, strict=True)]), 1.0)
+  return max(median([b / a for b, a in zip(beside, alone, strict=True)]), 1.0)
 
 
-def _median(values) -> float:
+def median(values) -> float:
   return float(statistics.median(values))
 
 
-def _nondecreasing(values: list[float], floor: float = 1e-6) -> list[float]:
+def nondecreasing(values: list[float], floor: float = 1e-6) -> list[float]:
   """Least-squares non-decreasing fit (pool adjacent violators): a decode step never gets cheaper
   with more live requests, so a dip is timing noise of the shared machine, averaged away here."""
   blocks: list[list[float]] = []  # [mean, weight]

@@ -72,7 +72,7 @@ def test_async_prediction_uses_the_async_layout_and_the_bound():
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.floats(-1.0, 1.0), min_size=1, max_size=9))
 def test_decode_steps_are_fitted_non_decreasing(values):
-  fitted = _calibration_fits._nondecreasing(values, floor=-10.0)
+  fitted = _calibration_fits.nondecreasing(values, floor=-10.0)
   assert all(b >= a - 1e-12 for a, b in zip(fitted, fitted[1:]))
   assert sum(fitted) == pytest.approx(sum(values))  # pooling keeps the mean of each block
   if all(b >= a for a, b in zip(values, values[1:])):
