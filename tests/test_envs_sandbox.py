@@ -23,7 +23,8 @@ import uuid
 
 import pytest
 
-from flashrl_jax.envs import (Isolation, IsolationMode, Sandbox, SandboxConfig, SandboxStatus)
+from flashrl_jax.envs import (Isolation, IsolationMode, Sandbox, SandboxConfig, SandboxStatus,
+                              remove_orphaned_scratch_dirs)
 
 MODES = [Isolation.AUTO, Isolation.FALLBACK]
 _SANDBOX_UIDS = range(100_000, 100_000 + 256 * 256)
@@ -194,6 +195,32 @@ def test_sandbox_dies_with_its_controller(iso):
   while any(_alive(p) for p in tree) and time.monotonic() < deadline:
     time.sleep(0.05)
   assert not [p for p in tree if _alive(p)]
+  # Its scratch dir (no cleanup ran) goes when the next controller starts a sandbox.
+  orphans = glob.glob(f"/tmp/flashrl_sandbox_{controller.pid}_*")
+  assert len(orphans) == 1, orphans
+  _sandbox(iso)
+  assert not os.path.exists(orphans[0])
+
+
+def test_orphaned_scratch_dirs_go_and_live_ones_stay(tmp_path):
+  """Tried: a dead controller's dir holding a link back to its parent (a loop for a walk that
+  follows links) and a file; a live controller's dir; names that are not a controller's."""
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  outside = tmp_path / "outside.txt"
+  outside.write_text("kept")
+  orphan = tmp_path / f"flashrl_sandbox_{dead.pid}_abc"
+  (orphan / "work" / "dev").mkdir(parents=True)
+  os.symlink(tmp_path, orphan / "work" / "dev" / "shm")
+  os.symlink(outside, orphan / "work" / "answers")
+  live = tmp_path / f"flashrl_sandbox_{os.getpid()}_def"
+  live.mkdir()
+  others = [tmp_path / "flashrl_sandbox_abc", tmp_path / f"other_{dead.pid}_x"]
+  for d in others:
+    d.mkdir()
+  assert remove_orphaned_scratch_dirs(str(tmp_path)) == [str(orphan)]
+  assert not orphan.exists() and live.exists() and all(d.exists() for d in others)
+  assert outside.read_text() == "kept"  # links removed, never followed
 
 
 @pytest.mark.parametrize("iso", MODES, ids=lambda m: m.value)
@@ -288,8 +315,10 @@ def test_files_written_do_not_persist_or_reach_the_next_run(iso, namespaces):
   sandbox = _sandbox(iso)
   result = _run(sandbox, code)
   assert result.status is SandboxStatus.COMPLETED, result.stderr
-  assert not glob.glob(f"/tmp/**/*{tag}*", recursive=False)
-  assert not glob.glob(f"/tmp/flashrl_sandbox_*/**/*{tag}*", recursive=True)
+  assert not glob.glob(f"/tmp/*{tag}*")
+  for scratch in glob.glob("/tmp/flashrl_sandbox_*"):  # a walk that follows no links: another
+    for _, dirs, files in os.walk(scratch):  # controller's dir may hold `dev/shm -> /tmp`
+      assert not [n for n in dirs + files if tag in n], scratch
   assert set(glob.glob("/tmp/flashrl_sandbox_*")) <= before  # scratch dirs removed
   if check_abs:
     for path in (f"/var/tmp/v_{tag}", f"/dev/shm/s_{tag}"):

@@ -34,7 +34,8 @@ from flashrl_jax.envs._pool import PooledReward, make_process_pool
 from flashrl_jax.envs._reasoning_gym import (AnswerFormat, ReasoningGymConfig, ReasoningGymDataset,
                                              ReasoningGymReward, ReasoningGymSource)
 from flashrl_jax.envs._sandbox import (Isolation, IsolationMode, Sandbox, SandboxConfig,
-                                       SandboxResult, SandboxStatus, SandboxUnavailable)
+                                       SandboxResult, SandboxStatus, SandboxUnavailable,
+                                       remove_orphaned_scratch_dirs)
 from flashrl_jax.envs._sokoban import SokobanConfig, SokobanEnv
 from flashrl_jax.envs._sources import SampleListSource, SyntheticSource, TaskSource
 from flashrl_jax.envs._synthetic import (SyntheticConfig, SyntheticTask, answer_length,
@@ -62,5 +63,5 @@ __all__ = [
     "equivalent", "extract_answer", "extract_code", "format_action", "generate_code_tasks",
     "generate_synthetic", "grade", "load_dataset", "make_async_env", "make_env",
     "make_process_pool", "make_reward_fn", "math_verify_available", "parse_action", "parse_move",
-    "same", "save_jsonl",
+    "remove_orphaned_scratch_dirs", "same", "save_jsonl",
 ]

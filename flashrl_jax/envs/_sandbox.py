@@ -238,11 +238,44 @@ def _parse_report(raw: bytes, truncated: bool) -> tuple[IsolationMode | None, An
   return mode, None if results is None else tuple(results), ""
 
 
+SCRATCH_PREFIX = "flashrl_sandbox_"  # + the controller's pid + "_": see remove_orphaned_scratch_dirs
+
+
+def remove_orphaned_scratch_dirs(root: str | None = None) -> list[str]:
+  """Removes the scratch dirs of controllers that are gone; returns them.
+
+  A controller killed without cleanup (SIGKILL, OOM) leaves its runs' dirs behind, and a program it
+  ran may have left symlinks in them (`x -> /tmp`), so a later recursive walk of /tmp that follows
+  links would loop. A dir whose name carries no pid, or the pid of a live process, is kept: under
+  pid reuse that errs on keeping.
+  """
+  root = root or tempfile.gettempdir()
+  removed = []
+  for entry in os.scandir(root):
+    owner = entry.name[len(SCRATCH_PREFIX):].split("_", 1)[0]
+    if not (entry.name.startswith(SCRATCH_PREFIX) and owner.isdigit()) or _alive(int(owner)):
+      continue
+    shutil.rmtree(entry.path, ignore_errors=True)
+    removed.append(entry.path)
+  return removed
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # alive, another user's
+    return True
+  return True
+
+
 class Sandbox:
   """Runs programs in isolated subprocesses; `await run(...)` many of them concurrently."""
 
   def __init__(self, config: SandboxConfig = SandboxConfig()):
     self.config = config
+    remove_orphaned_scratch_dirs()
     self._sem: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
     self._warned = False
 
@@ -302,7 +335,7 @@ class Sandbox:
                 limits={"memory_mb": cfg.memory_mb, "cpu_s": cfg.cpu_s or math.ceil(timeout_s) + 1,
                         "file_bytes": cfg.max_file_bytes, "nproc": cfg.max_processes,
                         "nofile": cfg.max_open_files, "scratch_mb": cfg.scratch_mb})
-    host_dir = tempfile.mkdtemp(prefix="flashrl_sandbox_")
+    host_dir = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}_")
     # Namespace modes mount the sandbox's root over `work`; the fallback runs the code in it.
     work_dir = os.path.join(host_dir, "work")
     os.mkdir(work_dir)
