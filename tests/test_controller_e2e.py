@@ -3,9 +3,10 @@ over loopback), and the staleness of every consumed sample respects the bound (0
 over: from the weight versions the servers reported for each sample's tokens, from the trainer's own
 per-token metric, and from the controller's histogram.
 
-- The demo (its default config: async α = 2 on reasoning-gym's `spell_backward`) learns: the
-  held-out probability of the exact answer, computed without sampling noise on words the training
-  stream never yields, rises by more than seed noise reaches.
+- The demo (its default config: async α = 2 on reasoning-gym's `spell_backward`) learns: its
+  sampled reward on the task rises by more than step-to-step noise reaches, and the held-out
+  probability of the exact answer (computed without sampling noise on words the training stream
+  never yields) does not fall.
 - The sync baseline on the synthetic repeat task learns too, while its servers refuse version 3
   (corrupted between its export and its handoff): a synchronous handoff writes it again and
   republishes it, and the run goes on.
@@ -18,13 +19,17 @@ import sys
 
 import pytest
 
-# The demo config as shipped (150 steps). Seed noise, measured with it (README, "Two commands"):
-# seeds 0, 1, 2 went 0.066 -> 0.121, 0.149, 0.129, a rise of +0.067 on average with a
-# seed-to-seed standard deviation of 0.014; a run that does not learn ends exactly where it
-# started (the evaluation has no sampling noise). MARGIN is 2.6 deviations below the mean rise
-# and 2 above no rise at all.
+# The demo config as shipped (150 steps). Measured at c28661c, the machine otherwise idle, five
+# runs (README, "Two commands"): the mean sampled reward (256 samples a step, a step's mean has a
+# standard deviation of 0.033-0.041 early on) rose from 0.574-0.583 over steps 1-10 to
+# 0.637-0.660 over steps 101-150, +0.056 to +0.086 (+0.071 on average); a policy that does not
+# learn leaves it within ~0.012 (one standard error of the difference of the two means).
+# REWARD_MARGIN is 2.4 standard errors above no rise and below every run's rise. The held-out
+# P(exact answer) rose by +0.001 to +0.060 over seven runs at c28661c (0.066 -> 0.067 ... 0.125;
+# the four with the default decode blocks +0.021 to +0.029): async timing changes which weights
+# each token came from, so its rise is no stable bar; it must not fall.
 DEMO_STEPS = 150
-MARGIN = 0.03
+REWARD_MARGIN = 0.03
 # Repeat task, lr 3e-4, 128 samples/step, sync with version 3 refused (measured 2026-11-26, three
 # runs): the held-out accuracy first dips (0.556 -> 0.545 at step 10), then climbs: 0.577-0.582 at
 # step 20, 0.640-0.647 at 30, 0.652-0.661 at 40. At 20 steps a run that climbed a little later
@@ -69,9 +74,12 @@ def test_demo_learns_a_reasoning_gym_task(tmp_path):
   model = ensure_demo_model(os.path.join(ROOT, DEMO_MODEL_DIR), progress=False)
   records, proc = _train(tmp_path / "run", DEMO_STEPS, 2, f"--model_path={model}")
   assert "reward_mean/spell_backward" in records[-1]  # per-dataset metrics of the task
+  rewards = [r["reward_mean"] for r in records]
+  early, late = sum(rewards[:10]) / 10, sum(rewards[100:]) / len(rewards[100:])
+  assert late > early + REWARD_MARGIN, (early, late)
   before = records[0]["eval/initial_expected_accuracy/spell_backward"]
   after = records[-1]["eval/expected_accuracy/spell_backward"]
-  assert after > before + MARGIN, (before, after)
+  assert after >= before, (before, after)
   assert f"held-out P(exact answer): {before:.3f} -> {after:.3f}" in proc.stdout
 
 
