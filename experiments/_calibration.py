@@ -240,38 +240,22 @@ class _Bench:
     per-request cost beyond the static table (`request_s`, as before, at half the slots) is kept
     for comparison. The servers' CPU contention over the stream is what an async run's is
     compared with."""
-    from flashrl_jax.fleet import SamplingParams
     rng = np.random.default_rng(0)
-    n = self.config.group_size
-    full = max(1, self.slots * self.workers // n)
+    full = self.stream_lanes()
     lane_counts = sorted({max(1, full // d) for d in (8, 4, 2, 1)})
     half = max(1, full // 2)
     table = (decode["decode_active"], decode["decode_step_s"])
-    requests = 0
-
-    async def lane(end: float) -> None:
-      nonlocal requests
-      while time.perf_counter() < end:
-        lengths = groups[int(rng.integers(len(groups)))]
-        sample = self.prompts[self._count % len(self.prompts)]
-        self._count += 1
-        await asyncio.gather(*(self.one(SamplingParams(
-            max_new_tokens=max(int(length), 1), ignore_eos=True,
-            temperature=self.config.rollout.temperature), sample) for length in lengths[:n]))
-        requests += len(lengths[:n])
-
     servers = processes(os.getpid())[1]
     cpu_before = cpu_times(servers)
     points, per_request, walls = {}, [], []
     for lanes in lane_counts:
-      await asyncio.gather(*(lane(time.perf_counter() + 1.0) for _ in range(lanes)))  # warm
+      await self._stream_for(lanes, 1.0, groups, rng)  # warm
       lives, steps = [], []
       for _ in range(self.reps):
-        requests = 0
         before = [server_counters(u) for u in urls]
         on_cpu = cpu_times(servers)[0]
         start = time.perf_counter()
-        await asyncio.gather(*(lane(start + seconds) for _ in range(lanes)))
+        requests = await self._stream_for(lanes, seconds, groups, rng)
         walls.append(time.perf_counter() - start)
         server_s = cpu_times(servers)[0] - on_cpu
         after = [server_counters(u) for u in urls]
@@ -294,6 +278,31 @@ class _Bench:
             "request_s": median(per_request) if per_request else 0.0, "seconds": walls,
             "raw_request_s": per_request,
             "contention": contention(cpu_before, cpu_times(servers))}
+
+  def stream_lanes(self) -> int:
+    """Lanes (groups in flight) that fill every slot of the servers."""
+    return max(1, self.slots * self.workers // self.config.group_size)
+
+  async def _stream_for(self, lanes: int, seconds: float, groups, rng) -> int:
+    """`lanes` lanes, each sending a group (n requests of one prompt, lengths drawn from the
+    initial policy's groups, `ignore_eos`) as soon as its last one is scored, for `seconds`;
+    returns the requests made."""
+    from flashrl_jax.fleet import SamplingParams
+    n, end, requests = self.config.group_size, time.perf_counter() + seconds, 0
+
+    async def lane() -> None:
+      nonlocal requests
+      while time.perf_counter() < end:
+        lengths = groups[int(rng.integers(len(groups)))][:n]
+        sample = self.prompts[self._count % len(self.prompts)]
+        self._count += 1
+        await asyncio.gather(*(self.one(SamplingParams(
+            max_new_tokens=max(int(length), 1), ignore_eos=True,
+            temperature=self.config.rollout.temperature), sample) for length in lengths))
+        requests += len(lengths)
+
+    await asyncio.gather(*(lane() for _ in range(lanes)))
+    return requests
 
   async def handoff(self) -> dict[str, dict[str, float]]:
     """`Fleet.publish` (the run's pause mode) of the initial weights as new versions."""
@@ -331,42 +340,57 @@ class _Bench:
             group_id=g, behavior_version=version, start_version=version))
     return out
 
-  async def rollout_beside_train(self, groups, prompt_tokens: float, median_len: float
-                                 ) -> dict[str, float]:
-    """How much longer a full rollout batch takes while the trainer trains (driven from a worker
-    thread, as a run's step is; alternating alone / beside, medians), and the CPU contention the
-    servers met in each half: in the 2+1 split a server shares its core with the trainer, so its
-    contention beside training holds that sharing, which the factor already charges
-    (sim_vs_measured). On 1+1 the batch is slowed only by the client's loop sharing the learner
-    process's core (responses handled later)."""
+  async def rollout_beside_train(self, urls: list[str], groups, prompt_tokens: float,
+                                 seconds: float = 2.0) -> dict[str, float]:
+    """How much slower the servers generate while the trainer trains: seconds per generated token
+    of the stream an async run makes (`_stream_for`, half the slots' lanes) alone and beside a
+    trainer driven from a worker thread as a run's step is, paired (alternating), with the CPU
+    contention the servers met in each half. In the 2+1 split a server shares its core with the
+    trainer, so its contention beside training holds that sharing, which the factor already
+    charges (sim_vs_measured); on 1+1 the stream is slowed only by the client's loop sharing the
+    learner process's core.
+
+    The trainer idles after each step for as long as the step took (half its time training): the
+    long-tail async runs trained 46-63% of their steps, and the client's deferred work (answers,
+    scoring, the next group) catches up in those gaps. A trainer training back to back slowed the
+    stream x1.03-1.19 (five pairs), one at half duty x0.94-1.15 (median 1.00), and the factor
+    from back-to-back training on a static batch (x1.17-1.32 in three calibrations) put the
+    async predictions 4-21% low (docs/simulator.md)."""
     stop = asyncio.Event()
     rng = np.random.default_rng(2)
     servers = processes(os.getpid())[1]
 
-    async def train_forever() -> None:
+    async def train_half_the_time() -> None:
       while not stop.is_set():
-        await asyncio.to_thread(self.learner.update, self._trajectories(rng, groups, prompt_tokens))
+        batch = self._trajectories(rng, groups, prompt_tokens)
+        start = time.perf_counter()
+        await asyncio.to_thread(self.learner.update, batch)
+        await asyncio.sleep(time.perf_counter() - start)
 
     async def timed(phase: str) -> float:
-      before = cpu_times(servers)
-      wall = await self.batch(a, tokens)
-      after = cpu_times(servers)
-      cpu[phase] = tuple(x + b - f for x, b, f in zip(cpu[phase], after, before))
-      return wall
+      before, counters = cpu_times(servers), [server_counters(u) for u in urls]
+      start = time.perf_counter()
+      await self._stream_for(lanes, seconds, groups, rng)
+      wall = time.perf_counter() - start
+      tokens = sum(b["generated_tokens"] - a["generated_tokens"]
+                   for a, b in zip(counters, [server_counters(u) for u in urls]))
+      cpu[phase] = tuple(x + b - f for x, b, f in zip(cpu[phase], cpu_times(servers), before))
+      return wall / max(tokens, 1.0)
 
-    a = self.slots * self.workers
-    tokens = int(min(self.config.rollout.max_new_tokens, max(48, 4 * median_len)))
+    lanes = max(1, self.stream_lanes() // 2)
     alone, beside = [], []
     cpu = {"alone": (0.0, 0.0), "beside": (0.0, 0.0)}  # servers' (run, wait) seconds per phase
+    await self._stream_for(lanes, 1.0, groups, rng)  # warm
     for _ in range(self.reps + 1):
       alone.append(await timed("alone"))
       stop.clear()
-      trainer = asyncio.create_task(train_forever())
+      trainer = asyncio.create_task(train_half_the_time())
       await asyncio.sleep(0.2)
       beside.append(await timed("beside"))
       stop.set()
       await trainer
-    return {"factor": paired_factor(beside, alone),
+    return {"factor": paired_factor(beside, alone), "lanes": lanes,
+            "raw_alone_s_per_token": alone, "raw_beside_s_per_token": beside,
             **{f"contention_{phase}": contention((0.0, 0.0), cpu[phase]) for phase in cpu}}
 
   async def compile_train(self, groups, prompt_tokens: float) -> None:
@@ -478,7 +502,7 @@ async def _measure(config: RunConfig, place: Layout, urls: list[str],
       beside = await bench.train(groups, prompt_tokens, batches, busy=True)
       beside["contention"] = contention(before, cpu_times([learner_pid(learner)]))
       trainer_cal["beside_rollout"] = beside
-      rollout["beside_train"] = await bench.rollout_beside_train(groups, prompt_tokens, median_len)
+      rollout["beside_train"] = await bench.rollout_beside_train(urls, groups, prompt_tokens)
       interference = {
           "train_beside_rollout": paired_factor(beside["raw_seconds"],
                                                 trainer_cal["alone"]["raw_seconds"]),

@@ -16,7 +16,8 @@ import time
 import urllib.request
 from typing import NamedTuple
 
-_SERVER_COUNTERS = ("decode_steps", "busy_slot_steps", "decode_s", "prefill_calls", "prefill_s")
+_SERVER_COUNTERS = ("decode_steps", "busy_slot_steps", "decode_s", "prefill_calls", "prefill_s",
+                    "generated_tokens")
 
 
 def server_counters(url: str, timeout_s: float = 5.0) -> dict[str, float]:
