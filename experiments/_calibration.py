@@ -367,13 +367,15 @@ class _Bench:
         await asyncio.to_thread(self.learner.update, batch)
         await asyncio.sleep(time.perf_counter() - start)
 
+    def generated() -> float:
+      return sum(server_counters(u, keys=("generated_tokens",))["generated_tokens"] for u in urls)
+
     async def timed(phase: str) -> float:
-      before, counters = cpu_times(servers), [server_counters(u) for u in urls]
+      before, tokens_before = cpu_times(servers), generated()
       start = time.perf_counter()
       await self._stream_for(lanes, seconds, groups, rng)
       wall = time.perf_counter() - start
-      tokens = sum(b["generated_tokens"] - a["generated_tokens"]
-                   for a, b in zip(counters, [server_counters(u) for u in urls]))
+      tokens = generated() - tokens_before
       cpu[phase] = tuple(x + b - f for x, b, f in zip(cpu[phase], cpu_times(servers), before))
       return wall / max(tokens, 1.0)
 

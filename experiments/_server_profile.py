@@ -16,15 +16,16 @@ import time
 import urllib.request
 from typing import NamedTuple
 
-_SERVER_COUNTERS = ("decode_steps", "busy_slot_steps", "decode_s", "prefill_calls", "prefill_s",
-                    "generated_tokens")
+_SERVER_COUNTERS = ("decode_steps", "busy_slot_steps", "decode_s", "prefill_calls", "prefill_s")
 
 
-def server_counters(url: str, timeout_s: float = 5.0) -> dict[str, float]:
-  """One rollout server's decode counters (`_SERVER_COUNTERS`, from its `/server_info`)."""
+def server_counters(url: str, timeout_s: float = 5.0,
+                    keys: tuple[str, ...] = _SERVER_COUNTERS) -> dict[str, float]:
+  """One rollout server's counters `keys` (the decode counters by default), from its
+  `/server_info`."""
   with urllib.request.urlopen(f"{url}/server_info", timeout=timeout_s) as resp:
     state = json.load(resp)["internal_states"][0]
-  return {key: float(state.get(key, 0)) for key in _SERVER_COUNTERS}
+  return {key: float(state.get(key, 0)) for key in keys}
 
 
 class Snapshot(NamedTuple):

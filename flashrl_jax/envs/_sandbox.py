@@ -47,6 +47,8 @@ import sys
 import tempfile
 from typing import Any, Callable, Sequence
 
+import psutil
+
 log = logging.getLogger(__name__)
 
 _LAUNCHER = str(pathlib.Path(__file__).with_name("_sandbox_launcher.py"))
@@ -253,21 +255,11 @@ def remove_orphaned_scratch_dirs(root: str | None = None) -> list[str]:
   removed = []
   for entry in os.scandir(root):
     owner = entry.name[len(SCRATCH_PREFIX):].split("_", 1)[0]
-    if not (entry.name.startswith(SCRATCH_PREFIX) and owner.isdigit()) or _alive(int(owner)):
+    if not (entry.name.startswith(SCRATCH_PREFIX) and owner.isdigit()) or psutil.pid_exists(int(owner)):
       continue
     shutil.rmtree(entry.path, ignore_errors=True)
     removed.append(entry.path)
   return removed
-
-
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:  # alive, another user's
-    return True
-  return True
 
 
 class Sandbox:
