@@ -25,8 +25,8 @@ this process instead puts the async event loop on the rollout cores), and measur
   process unless the config trains in-process) on batches drawn from those lengths, as a function
   of trained tokens, with the servers idle;
 - async layout only, the interference of trainer and rollout client: the train step while the
-  client keeps half the slots decoding, and a full rollout batch while the trainer trains (each
-  against the same batches alone: medians of paired ratios). They meet
+  client keeps half the slots decoding, and the async stream while the trainer trains half the
+  time, as runs do (each against the same work alone: medians of paired ratios). They meet
   where the run makes them meet: with a learner process (`RunConfig.learner_process`, the default)
   the trainer is one, started as the run starts it, and the event loop shares its core (1+1) or a
   server does too (2+1); without one, trainer and client share this process and its interpreter
