@@ -240,7 +240,7 @@ def _parse_report(raw: bytes, truncated: bool) -> tuple[IsolationMode | None, An
   return mode, None if results is None else tuple(results), ""
 
 
-SCRATCH_PREFIX = "flashrl_sandbox_"  # + the controller's pid + "_": see remove_orphaned_scratch_dirs
+SCRATCH_PREFIX = "flashrl_sandbox_"  # + the controller's pid + "_" (remove_orphaned_scratch_dirs)
 
 
 def remove_orphaned_scratch_dirs(root: str | None = None) -> list[str]:
@@ -255,7 +255,8 @@ def remove_orphaned_scratch_dirs(root: str | None = None) -> list[str]:
   removed = []
   for entry in os.scandir(root):
     owner = entry.name[len(SCRATCH_PREFIX):].split("_", 1)[0]
-    if not (entry.name.startswith(SCRATCH_PREFIX) and owner.isdigit()) or psutil.pid_exists(int(owner)):
+    ours = entry.name.startswith(SCRATCH_PREFIX) and owner.isdigit()
+    if not ours or psutil.pid_exists(int(owner)):
       continue
     shutil.rmtree(entry.path, ignore_errors=True)
     removed.append(entry.path)
