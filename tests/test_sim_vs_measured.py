@@ -98,13 +98,21 @@ def test_layouts_follow_the_runs_placement():
 
 
 def test_measured_throughput_skips_the_warmup(tmp_path):
-  lines = [{"num_samples": 16, "time/step_s": s, "time/train_s": 0.1,
-            "time/wait_data_s": w, "response_length_max": 9, "response_length_mean": 3.0}
-           for s, w in ((30.0, 29.0), (1.0, 0.2), (2.0, 1.4), (1.0, 0.2))]
+  lines = [{"num_samples": n, "time/step_s": s, "time/train_s": 0.1,
+            "time/wait_data_s": w, "response_length_max": 9, "response_length_mean": length}
+           for n, s, w, length in ((16, 30.0, 29.0, 50.0), (16, 1.0, 0.2, 3.0),
+                                   (32, 2.0, 1.4, 6.0), (16, 1.0, 0.2, 3.0))]
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
   got = sim_vs_measured.measured(str(tmp_path), warmup=1)
-  assert got["samples_per_s"] == pytest.approx(48 / 4.0)
+  assert got["samples_per_s"] == pytest.approx(64 / 4.0)
   assert got["wait_s"] == pytest.approx(0.6)  # the warm-up step's 29 s is not in the mean
+  # Per response, not per step, and without the warm-up's 50-token responses.
+  assert got["mean_response"] == pytest.approx((16 * 3 + 32 * 6 + 16 * 3) / 64)
+
+
+def test_the_calibrations_mean_response_is_over_every_sampled_response():
+  calibration = {"rollout": {"length_groups": [[2, 4], [30, 30], [8, 6]]}}
+  assert sim_vs_measured.calibrated_mean_response(calibration) == pytest.approx(80 / 6)
 
 
 def test_simulate_entry_point_writes_tables_and_plots(tmp_path):

@@ -22,7 +22,9 @@ alone and beside the other side, weighted by the share of each side's time the s
 beside the other (`reference_contention`). Every row prints the prediction with that rescaling,
 with the alone-only rescaling used before (which counts the sharing twice) and without rescaling,
 the measurement (samples/s over the steps after `--warmup_steps`, as `async_vs_sync` measures it)
-and the error.
+and the error, and the run's mean response length beside the calibration's: the calibration
+samples the initial policy, and a run whose policy drifts to shorter answers is faster than that
+policy would be (docs/simulator.md).
 
 With `--repeats=N` every mode runs N times (interleaved, reversed on odd repeats) and, per mode, the
 median prediction is compared with the median measurement too: on this 2-core machine one run of a
@@ -209,11 +211,21 @@ def calibrated_step_s(calibration: dict, live: float, servers: int) -> float:
   return decode.step_time(live * servers / ro["workers"])
 
 
+def calibrated_mean_response(calibration: dict) -> float:
+  """Mean response length of the policy the calibration sampled (its length law's groups)."""
+  return float(np.mean([n for group in calibration["rollout"]["length_groups"] for n in group]))
+
+
 def measured(workdir: str, warmup: int) -> dict:
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     every = [json.loads(line) for line in f if line.strip()]
   records, seconds = every[warmup:], timed_seconds(every, warmup)
-  return {"samples_per_s": sum(r["num_samples"] for r in records) / seconds,
+  samples = sum(r["num_samples"] for r in records)
+  return {"samples_per_s": samples / seconds,
+          # The policy's own lengths over the timed steps: a throughput prediction assumes the
+          # calibration's (the initial policy's), and a run whose policy drifts shorter is faster.
+          "mean_response": sum(r["response_length_mean"] * r["num_samples"]
+                               for r in records) / samples,
           "train_s": float(np.mean([r["time/train_s"] for r in records])),
           "wait_s": float(np.mean([r["time/wait_data_s"] for r in records])),
           "step_s": seconds / len(records),
@@ -329,6 +341,7 @@ def predict_run(path: str, regime: str, mode: str, repeat: int, calibrations: di
          "error": error(predicted), "error_raw": error(raw), "error_alone_ref": error(old),
          "train_s": (float(np.mean([r.train_time_s for r in results])), got["train_s"]),
          "wait_s": (float(np.mean([r.wait_data_s for r in results])), got["wait_s"]),
+         "mean_response": (calibrated_mean_response(cal), got["mean_response"]),
          "loadavg": info["loadavg"], "run_wall_s": info["wall_s"],
          "servers": info["servers"], "busy_fraction": float(np.mean(
              [r.rollout_busy_fraction for r in results]))}
@@ -342,7 +355,9 @@ def predict_run(path: str, regime: str, mode: str, repeat: int, calibrations: di
         f"{row['overlap']['rollout_beside_train']:.2f}), load "
         f"{info['loadavg'][0]:.1f}-{info['loadavg'][1]:.1f} | per step, predicted/measured: "
         f"train {row['train_s'][0]:.3f}/{row['train_s'][1]:.3f}s, wait for data "
-        f"{row['wait_s'][0]:.3f}/{row['wait_s'][1]:.3f}s", flush=True)
+        f"{row['wait_s'][0]:.3f}/{row['wait_s'][1]:.3f}s, mean response "
+        f"{row['mean_response'][0]:.1f}/{row['mean_response'][1]:.1f} tokens (the calibration's "
+        f"initial policy / the run's)", flush=True)
   profile = info["servers"]
   if profile is not None:  # a server restarted or none answered: nothing to compare
     step = calibrated_step_s(cal, profile["live"], profile["servers"])
