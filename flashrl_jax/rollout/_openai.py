@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 import uuid
 from typing import Any, Callable, Sequence
@@ -33,7 +32,8 @@ from flashrl_jax.rollout._chat import ChatTemplate, TemplateError, parse_tool_ca
 from flashrl_jax.rollout._request import LogprobOptions, Output
 from flashrl_jax.rollout._sampling import MAX_TOP_LOGPROBS, Sampling
 from flashrl_jax.rollout._server import (_ARGS, _ENGINE, _LIMITS, _body, _decoder, _failure,
-                                         _json, engine_outputs, served_model_name, start_stream)
+                                         _json, engine_outputs, served_model_name, sse_event,
+                                         start_stream)
 from flashrl_jax.rollout._wire import (BadRequest, GenerateItem, GenerateJob, Limits, check_samples,
                                        check_sampling, encode_text, output_json, output_text)
 
@@ -183,7 +183,7 @@ async def _collect(engine, items) -> list[Output] | web.Response:
 
 
 async def _send(response: web.StreamResponse, obj: Any) -> None:
-  await response.write(f"data: {json.dumps(obj, allow_nan=False)}\n\n".encode())
+  await response.write(sse_event(obj))
 
 
 # --- /v1/completions ---------------------------------------------------------------------------------

@@ -15,8 +15,6 @@ answer is strict (no NaN/Infinity), and a bug in a handler is answered 500 in JS
 from __future__ import annotations
 
 import asyncio
-import functools
-import json
 import logging
 import time
 import uuid
@@ -29,8 +27,8 @@ from flashrl_jax.fleet import FinishKind, PauseMode
 from flashrl_jax.rollout._request import Output
 from flashrl_jax.rollout._runner import describe
 from flashrl_jax.rollout._sampling import Sampling
-from flashrl_jax.rollout._wire import (BadRequest, GenerateItem, GenerateJob, Limits, output_json,
-                                       parse_generate, parse_json)
+from flashrl_jax.rollout._wire import (BadRequest, GenerateItem, GenerateJob, Limits, dumps,
+                                       output_json, parse_generate, parse_json)
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +37,14 @@ HEALTH_TIMEOUT_S = 20.0
 _ENGINE = web.AppKey("engine", Engine)
 _ARGS = web.AppKey("server_args", dict)
 _LIMITS = web.AppKey("limits", Limits)
-_dumps = functools.partial(json.dumps, allow_nan=False)  # NaN/Infinity are not JSON: raise instead
-
-
 def _json(obj: Any, status: int = 200) -> web.Response:
-  return web.json_response(obj, status=status, dumps=_dumps)
+  return web.Response(body=dumps(obj), status=status, content_type="application/json",
+                      charset="utf-8")
+
+
+def sse_event(obj: Any) -> bytes:
+  """One server-sent event carrying `obj` as JSON."""
+  return b"data: " + dumps(obj) + b"\n\n"
 
 
 def _error(message: str, status: int = 400) -> web.Response:
@@ -86,7 +87,7 @@ async def _failed(request: web.Request, message: str, status: int) -> web.Stream
   # The stream's 200 is already sent: it ends with the error as an event, as a sample that fails
   # in the engine does (aiohttp would write a raw 500 into the stream's body instead).
   try:
-    await stream.write(f"data: {_dumps({'error': {'message': message}})}\n\n".encode())
+    await stream.write(sse_event({"error": {"message": message}}))
     await stream.write(b"data: [DONE]\n\n")
     await stream.write_eof()
   except (ConnectionError, RuntimeError):  # the client is gone
@@ -254,7 +255,7 @@ async def _stream(request: web.Request, job: GenerateJob, updates: asyncio.Queue
       else:
         obj = output_json(out, job.items[index], job, decode,
                           index=index if job.batch else None)
-      await response.write(f"data: {_dumps(obj)}\n\n".encode())
+      await response.write(sse_event(obj))
   await response.write(b"data: [DONE]\n\n")
   await response.write_eof()
   return response

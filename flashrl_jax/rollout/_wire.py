@@ -20,6 +20,9 @@ import math
 import uuid
 from typing import Any, Callable, Sequence
 
+import numpy as np
+import orjson
+
 from flashrl_jax.fleet import FinishKind, FinishReason
 from flashrl_jax.rollout._request import LogprobOptions, Output
 from flashrl_jax.rollout._sampling import Sampling
@@ -49,6 +52,30 @@ class Limits:
   def __post_init__(self):
     if min(dataclasses.astuple(self)) < 1:
       raise ValueError(f"every limit must be >= 1: {self}")
+
+
+def _plain(obj: Any) -> Any:
+  """Numbers orjson leaves to the caller: int and float subclasses (and, on the standard library's
+  path, NumPy scalars)."""
+  if isinstance(obj, np.generic):
+    return obj.item()
+  if isinstance(obj, float):
+    return float(obj)
+  if isinstance(obj, int):
+    return int(obj)
+  raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def dumps(obj: Any) -> bytes:
+  """An answer as JSON. orjson, because the standard library's encoding of a response's per-token
+  log-probs took ~15% of the server's HTTP thread, which shares its core with decoding
+  (docs/benchmarks.md). Non-finite floats are written as null (strict JSON: the engine sends no
+  NaN it means, and a banned candidate's -inf is null by design). An integer beyond 64 bits, which
+  orjson cannot hold, falls back to the standard library."""
+  try:
+    return orjson.dumps(obj, default=_plain, option=orjson.OPT_SERIALIZE_NUMPY)
+  except orjson.JSONEncodeError:
+    return json.dumps(obj, allow_nan=False, default=_plain).encode()
 
 
 def _no_constant(name: str):
