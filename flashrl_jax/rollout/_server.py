@@ -37,6 +37,8 @@ HEALTH_TIMEOUT_S = 20.0
 _ENGINE = web.AppKey("engine", Engine)
 _ARGS = web.AppKey("server_args", dict)
 _LIMITS = web.AppKey("limits", Limits)
+
+
 def _json(obj: Any, status: int = 200) -> web.Response:
   return web.Response(body=dumps(obj), status=status, content_type="application/json",
                       charset="utf-8")
