@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator, Sequence
 from aiohttp import web
 
 from flashrl_jax.rollout._engine import Engine, EngineShutDown
-from flashrl_jax.fleet import FinishKind, PauseMode
+from flashrl_jax.fleet import PauseMode
 from flashrl_jax.rollout._request import Output
 from flashrl_jax.rollout._runner import describe
 from flashrl_jax.rollout._sampling import Sampling

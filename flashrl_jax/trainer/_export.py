@@ -40,6 +40,7 @@ from typing import Any, Iterator
 
 import jax
 import numpy as np
+import psutil
 from flax import nnx
 from jax.experimental import multihost_utils
 
@@ -169,16 +170,6 @@ def export_version(state_or_model: Any, version: int, root_dir: str, *, config: 
 
 # --- the store ------------------------------------------------------------------------------------
 
-def _pid_alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
-
-
 class VersionStore:
   """The versions under one root: listing, reference counts, and garbage collection.
 
@@ -278,7 +269,7 @@ class VersionStore:
         if len(parts) != 4 or writer_host != host:
           _log.warning("Leaving %s: written from host %s, cannot tell if it is alive.", path,
                        writer_host)
-        elif not pid.isdigit() or not _pid_alive(int(pid)):
+        elif not pid.isdigit() or not psutil.pid_exists(int(pid)):
           _log.warning("Removing %s, left by a crashed writer.", path)
           shutil.rmtree(path, ignore_errors=True)
           removed.append(name)
