@@ -245,7 +245,7 @@ class _Bench:
     rng = np.random.default_rng(0)
     full = self.stream_lanes()
     lane_counts = sorted({max(1, full // d) for d in (8, 4, 2, 1)})
-    half = max(1, full // 2)
+    half = self.half_stream_lanes()
     table = (decode["decode_active"], decode["decode_step_s"])
     servers = processes(os.getpid())[1]
     cpu_before = cpu_times(servers)
@@ -284,6 +284,11 @@ class _Bench:
   def stream_lanes(self) -> int:
     """Lanes (groups in flight) that fill every slot of the servers."""
     return max(1, self.slots * self.workers // self.config.group_size)
+
+  def half_stream_lanes(self) -> int:
+    """Half the lanes: the stream whose per-request cost and interference the calibration keeps
+    (a run's async rollout holds a third to a half of the slots live)."""
+    return max(1, self.stream_lanes() // 2)
 
   async def _stream_for(self, lanes: int, seconds: float, groups, rng) -> int:
     """`lanes` lanes, each sending a group (n requests of one prompt, lengths drawn from the
@@ -381,7 +386,7 @@ class _Bench:
       cpu[phase] = tuple(x + b - f for x, b, f in zip(cpu[phase], cpu_times(servers), before))
       return wall / max(tokens, 1.0)
 
-    lanes = max(1, self.stream_lanes() // 2)
+    lanes = self.half_stream_lanes()
     alone, beside = [], []
     cpu = {"alone": (0.0, 0.0), "beside": (0.0, 0.0)}  # servers' (run, wait) seconds per phase
     await self._stream_for(lanes, 1.0, groups, rng)  # warm
