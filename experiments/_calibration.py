@@ -22,8 +22,8 @@ this process instead puts the async event loop on the rollout cores), and measur
 - the weight handoff (`Fleet.publish`, the run's pause mode), with idle servers (what a sync
   run's publish meets) and with every slot decoding (an async run's);
 - the train step and the HF export (the learner's `update` and `export`, in the run's learner
-  process unless the config trains in-process) on batches drawn from those lengths, as a function
-  of trained tokens, with the servers idle;
+  process unless the config trains in-process) on batches drawn from those lengths (each batch's
+  faster of two runs), as a function of trained tokens, with the servers idle;
 - async layout only, the interference of trainer and rollout client: the train step while the
   client keeps half the slots decoding, and the async stream while the trainer trains half the
   time, as runs do (each against the same work alone: medians of paired ratios). They meet
@@ -35,10 +35,9 @@ this process instead puts the async event loop on the rollout cores), and measur
 The CPU contention the servers met while the decode was timed, and the trainer while its step was
 (the kernel's per-thread time on a CPU and time waiting for one, `experiments._cpu_time`), is
 recorded, so a run that meets another contention is predicted with the costs rescaled
-(sim_vs_measured.py); in the
-async layout also beside the other side (the trainer's step beside a busy rollout, the servers'
-rollout beside training), which holds the core the trainer shares with a server as a run does. A
-load probe (fixed pure-Python work on each core) is timed around every calibration too.
+(sim_vs_measured.py); in the async layout also beside the other side (the trainer's step beside a
+busy rollout, the servers' rollout beside training), which holds the core the trainer shares with
+a server as a run does. A load probe (pure-Python work on each core) is timed around it too.
 
   python -m experiments._calibration --config=experiments/configs/bench_rlvr.py --layout=async \\
       --out=calibration.json
@@ -424,10 +423,10 @@ class _Bench:
     a third to a half of them live: 5-9 of 16 in the long-tail runs). The batches are the same
     with and without `busy` (one seed), so the factor is a ratio of paired steps
     (`paired_factor`): two draws of twelve random batches had put it at 1.12 and 1.86 in two
-    calibrations of one config."""
-    rng = np.random.default_rng(0)
-    stop = asyncio.Event()
-
+    calibrations of one config. Each batch runs twice and keeps its faster time: back-to-back steps
+    here slowed 1.5-2x a few at a time (0.10-0.14 s among 0.067-0.073, balanced, 2026-11-27, no
+    other process busy) where a run's did not (0.069-0.081 s)."""
+    rng, stop = np.random.default_rng(0), asyncio.Event()
     lengths = [x for g in groups for x in g]
 
     async def saturate() -> None:
@@ -446,14 +445,18 @@ class _Bench:
       if busy:
         await asyncio.sleep(1.0)
       for _ in range(batches):
-        batch = self._trajectories(rng, groups, prompt_tokens)
-        start = time.perf_counter()
-        await asyncio.to_thread(self.learner.update, batch)
-        middle = time.perf_counter()
-        await asyncio.to_thread(self._export)  # as the loop's handoff exports
-        exports.append(time.perf_counter() - middle)
+        drawn, timed = rng.bit_generator.state, []
+        for _ in range(2):  # the same batch again (at the learner's new version)
+          rng.bit_generator.state = drawn
+          batch = self._trajectories(rng, groups, prompt_tokens)
+          start = time.perf_counter()
+          await asyncio.to_thread(self.learner.update, batch)
+          middle = time.perf_counter()
+          await asyncio.to_thread(self._export)  # as the loop's handoff exports
+          timed.append((middle - start, time.perf_counter() - middle))
         tokens.append(sum(len(t.prompt_ids) + len(t.response_ids) for t in batch))
-        seconds.append(middle - start)
+        seconds.append(min(s for s, _ in timed))
+        exports.append(min(e for _, e in timed))
     finally:
       stop.set()
       if load is not None:

@@ -1,6 +1,7 @@
 """The simulator's validation plumbing: a calibration becomes the simulated run (checked against a
 hand-computed step), the calibration's fits, the layouts it measures, and the paper-scale entry."""
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -186,6 +187,41 @@ def test_train_fit_is_not_tilted_by_slowed_steps():
   # Steps that all took the same time whatever their tokens: a flat line, not a negative slope.
   assert _calibration_fits.fit_train([1000, 2000, 3000], [0.05, 0.05, 0.04])[1] == \
       pytest.approx([0.05, 0.05])
+
+
+class _PairedLearner:
+  """A learner whose first update of every pair is slowed (as a calibration's steps were, a few at
+  a time), recording what it was given."""
+
+  def __init__(self):
+    self.batches, self.policy_version = [], 0
+
+  def update(self, batch):
+    self.batches.append([(t.prompt_ids.tolist(), t.response_ids.tolist()) for t in batch])
+    if len(self.batches) % 2:
+      time.sleep(0.3)
+    self.policy_version += 1
+
+  def export(self):
+    pass
+
+  def collect_garbage(self):
+    pass
+
+
+def test_each_train_batch_runs_twice_and_keeps_its_faster_time():
+  bench = object.__new__(_calibration._Bench)
+  bench.config = _calibration.load_config("experiments/configs/bench_rlvr_longtail.py")
+  bench.learner, bench.vocab_size = _PairedLearner(), 100
+  groups = [[3, 5], [40, 44], [7, 7]]
+  out = asyncio.run(bench.train(groups, 6.0, 3, busy=False))
+  batches = bench.learner.batches
+  assert len(batches) == 6
+  assert batches[0] == batches[1] and batches[2] == batches[3] and batches[4] == batches[5]
+  assert batches[0] != batches[2]  # the next batch is a new draw
+  assert all(s < 0.25 for s in out["raw_seconds"])  # the slowed run of each pair is not kept
+  per_batch = [sum(len(p) + len(r) for p, r in b) for b in batches[::2]]
+  assert out["raw_tokens"] == per_batch
 
 
 def test_contention_over_two_phases_is_the_wall_weighted_harmonic_mean():
