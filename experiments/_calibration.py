@@ -424,7 +424,7 @@ class _Bench:
     with and without `busy` (one seed), so the factor is a ratio of paired steps
     (`paired_factor`): two draws of twelve random batches had put it at 1.12 and 1.86 in two
     calibrations of one config. Each batch runs twice and keeps its faster time: back-to-back steps
-    here slowed 1.5-2x a few at a time (0.10-0.14 s among 0.067-0.073, balanced, 2026-11-27, no
+    here slowed 1.5-2x a few at a time (0.10-0.15 s among 0.067-0.089, balanced, 2026-11-27, no
     other process busy) where a run's did not (0.069-0.081 s)."""
     rng, stop = np.random.default_rng(0), asyncio.Event()
     lengths = [x for g in groups for x in g]

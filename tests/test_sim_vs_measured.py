@@ -211,7 +211,7 @@ class _PairedLearner:
 
 def test_each_train_batch_runs_twice_and_keeps_its_faster_time():
   bench = object.__new__(_calibration._Bench)
-  bench.config = _calibration.load_config("experiments/configs/bench_rlvr_longtail.py")
+  bench.config = _calibration.load_config(str(REPO / "experiments/configs/bench_rlvr_longtail.py"))
   bench.learner, bench.vocab_size = _PairedLearner(), 100
   groups = [[3, 5], [40, 44], [7, 7]]
   out = asyncio.run(bench.train(groups, 6.0, 3, busy=False))
