@@ -256,17 +256,6 @@ class _Bench(Arrivals):
             group_id=g, behavior_version=version, start_version=version))
     return out
 
-  async def train_half_the_time(self, stop: asyncio.Event, groups, prompt_tokens: float,
-                                rng=None) -> None:
-    """Trains from a worker thread as a run's step is, idling after each step as long as it
-    took, until `stop`."""
-    rng = rng if rng is not None else np.random.default_rng(3)
-    while not stop.is_set():
-      batch = self._trajectories(rng, groups, prompt_tokens)
-      start = time.perf_counter()
-      await asyncio.to_thread(self.learner.update, batch)
-      await asyncio.sleep(time.perf_counter() - start)
-
   async def rollout_beside_train(self, urls: list[str], groups, prompt_tokens: float,
                                  seconds: float = 2.0) -> dict[str, float]:
     """How much slower the servers generate while the trainer trains: seconds per generated token
@@ -288,7 +277,11 @@ class _Bench(Arrivals):
     servers = processes(os.getpid())[1]
 
     async def train_half_the_time() -> None:
-      await self.train_half_the_time(stop, groups, prompt_tokens, rng)
+      while not stop.is_set():
+        batch = self._trajectories(rng, groups, prompt_tokens)
+        start = time.perf_counter()
+        await asyncio.to_thread(self.learner.update, batch)
+        await asyncio.sleep(time.perf_counter() - start)
 
     def generated() -> float:
       return sum(server_counters(u, keys=("generated_tokens",))["generated_tokens"] for u in urls)
@@ -412,8 +405,10 @@ async def _measure(config: RunConfig, place: Layout, urls: list[str],
     decode["contention"] = contention(before, cpu_times(servers))
     if is_async:  # requests arrive as a stream, not as a batch (`_Bench.stream`)
       stream = await bench.stream(urls, groups, decode)
+      full_rate = stream["requests_per_s"][str(max(stream["lanes"]))]
       decode = {**decode, "request_batch_s": decode["request_s"],
-                "request_s": stream["request_s"], "stream": stream}
+                "request_s": stream["request_s"], "stream": stream,
+                "bursts": await bench.bursts(urls, groups, decode, full_rate)}
     rollout = {"workers": bench.workers, "slots": bench.slots, "length_groups": groups,
                "prompt_tokens": prompt_tokens, **decode,
                "handoff": await bench.handoff(), "reward_s": await bench.reward()}
@@ -432,11 +427,6 @@ async def _measure(config: RunConfig, place: Layout, urls: list[str],
       beside["contention"] = contention(before, cpu_times([learner_pid(learner)]))
       trainer_cal["beside_rollout"] = beside
       rollout["beside_train"] = await bench.rollout_beside_train(urls, groups, prompt_tokens)
-      # After the train step is compiled: the bursts are measured beside training too.
-      stream = rollout["stream"]
-      rollout["bursts"] = await bench.bursts(
-          urls, groups, decode, stream["requests_per_s"][str(max(stream["lanes"]))],
-          lambda stop: bench.train_half_the_time(stop, groups, prompt_tokens))
       interference = {
           "train_beside_rollout": paired_factor(beside["raw_seconds"],
                                                 trainer_cal["alone"]["raw_seconds"]),

@@ -73,44 +73,33 @@ class Arrivals:
             "contention": contention(cpu_before, cpu_times(servers))}
 
   async def bursts(self, urls: list[str], groups: list[list[int]], decode: dict[str, Any],
-                   full_rate: float, train_half_the_time, seconds: float = 3.0) -> dict[str, Any]:
+                   full_rate: float, seconds: float = 4.0) -> dict[str, Any]:
     """The requests as an async run makes them: B groups released together (the controller
     dispatches a batch's worth when a handoff opens room), every `period` seconds, at half and three
-    quarters of the request rate the full lanes stream made (`full_rate`), alone and beside a
-    trainer training half the time (`train_half_the_time(stop)`, as in `rollout_beside_train`; a
-    run's client shares the learner's core, so its requests leave and its answers are read later
-    while the trainer trains), interleaved. Per window the servers' CPU time beyond the static
-    table's decode steps, per request (`stream_request_s`): a burst's requests are parsed back to
-    back and prefilled together, so each costs less than one arriving alone (a `/tmp` probe,
-    long-tail server, 2026-11-27: CPU per decode step 0.27-0.33 ms at 4-5 live in bursts of 16
-    groups every 0.09-0.2 s, 0.36-0.37 ms in a 4-lane stream at 4.5 live at the same requests/s).
-    The async prediction prices decode by the static table plus the cost beside training; the
-    servers' contention over the bursts is what an async run's is compared with."""
+    quarters of the request rate the full lanes stream made (`full_rate`). Per window the servers'
+    CPU time beyond the static table's decode steps, per request (`stream_request_s`): a burst's
+    requests are parsed back to back and prefilled together, so each costs less than one arriving
+    alone (a `/tmp` probe, long-tail server, 2026-11-27: CPU per decode step 0.27-0.33 ms at 4-5
+    live in bursts of 16 groups every 0.09-0.2 s, 0.36-0.37 ms in a 4-lane stream at 4.5 live at
+    the same requests/s). The async prediction prices decode by the static table plus this cost
+    per request; the servers' contention over the bursts is what an async run's is compared with."""
     rng = np.random.default_rng(1)
     table = (decode["decode_active"], decode["decode_step_s"])
     servers = processes(os.getpid())[1]
     burst = self.config.batch_size * self.config.group_size
     periods = [burst / (load * full_rate) for load in (0.5, 0.75)]
     cpu_before = cpu_times(servers)
-    per_request: dict[str, list[float]] = {"alone": [], "beside": []}
+    per_request = []
     for period in periods:
       await self._bursts_for(period, 1.0, groups, rng)  # warm
       for _ in range(self.reps):
-        for phase in per_request:
-          stop = asyncio.Event()
-          trainer = (asyncio.create_task(train_half_the_time(stop)) if phase == "beside"
-                     else None)
-          before, on_cpu = [server_counters(u) for u in urls], cpu_times(servers)[0]
-          requests = await self._bursts_for(period, seconds, groups, rng)
-          server_s = cpu_times(servers)[0] - on_cpu
-          after = [server_counters(u) for u in urls]
-          stop.set()
-          if trainer is not None:
-            await trainer
-          per_request[phase].append(stream_request_s(server_s, before, after, *table, requests))
-    return {"request_s": median(per_request["beside"]),
-            "request_alone_s": median(per_request["alone"]), "raw_request_s": per_request,
-            "periods": periods, "contention": contention(cpu_before, cpu_times(servers))}
+        before, on_cpu = [server_counters(u) for u in urls], cpu_times(servers)[0]
+        requests = await self._bursts_for(period, seconds, groups, rng)
+        server_s = cpu_times(servers)[0] - on_cpu
+        after = [server_counters(u) for u in urls]
+        per_request.append(stream_request_s(server_s, before, after, *table, requests))
+    return {"request_s": median(per_request), "raw_request_s": per_request, "periods": periods,
+            "contention": contention(cpu_before, cpu_times(servers))}
 
   def stream_lanes(self) -> int:
     """Lanes (groups in flight) that fill every slot of the servers."""

@@ -413,8 +413,7 @@ def main(argv):
             + f"; request {ro['request_s'] * 1e3:.2f}ms"
             + (f" (in a stream; {ro['request_batch_s'] * 1e3:.2f}ms admitted as a batch)"
                if "stream" in ro else "")
-            + (f"; request {ro['bursts']['request_s'] * 1e3:.2f}ms in bursts of a batch beside "
-               f"training ({ro['bursts']['request_alone_s'] * 1e3:.2f}ms alone; async)"
+            + (f"; request {ro['bursts']['request_s'] * 1e3:.2f}ms in bursts of a batch (async)"
                if "bursts" in ro else "")
             + ("; stream step (async) " + ", ".join(
                 f"{a:.1f}:{s * 1e3:.2f}ms" for a, s in zip(ro["stream"]["active"],
