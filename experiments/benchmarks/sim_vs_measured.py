@@ -5,9 +5,8 @@
 
 For each regime (a run config file) the script first calibrates `flashrl_jax.sim` with standalone
 microbenchmarks of the real parts (`experiments/_calibration.py`: decode step by live requests on the
-run's own server layout, per-request cost — for async as a run sends its requests, a batch's groups
-at once — handoff, the initial policy's response lengths, train step and export by trained tokens),
-once for the sync core layout and once for the async split.
+run's own server layout, per-request cost, handoff, the initial policy's response lengths, train
+step and export by trained tokens), once for the sync core layout and once for the async split.
 Then it runs each mode for real (`python -m experiments.train`, real servers and trainer), and
 predicts its samples/s from the calibration alone: nothing measured in a run goes into its
 prediction. Both sides are timed on a shared machine minutes apart, so the calibrated costs are
@@ -90,9 +89,9 @@ def sim_config(calibration: dict, mode: str, alpha: int, batch_size: int, group_
   r, t = rollout_slowdown, train_slowdown
   handoff = {k: v * r for k, v in ro["handoff"]["idle" if mode == "sync" else "busy"].items()}
   stream = ro.get("stream", {})
-  if mode != "sync" and "bursts" not in ro and "step_s" in stream:
-    # (Calibrations of 2026-11-26 to -27, before the bursts: the lanes stream's table, which holds
-    # its requests' arrivals and departures, with no request cost added.)
+  if mode != "sync" and "step_s" in stream:
+    # An async run's servers meet a stream: its table holds the requests' arrivals and departures
+    # at the workload's own turnover and contexts, so no request cost or context factor is added.
     decode = sim.TabulatedDecode(stream["active"], [s * r for s in stream["step_s"]])
     request_s = 0.0
   else:
@@ -101,9 +100,7 @@ def sim_config(calibration: dict, mode: str, alpha: int, batch_size: int, group_
                                  context_slope=ro.get("decode_context_slope", 0.0),
                                  # Our engine pads a step's requests to the longest one's span.
                                  context_of=sim.Context.LONGEST)
-    # Async: the servers' work per request as a run sends them, a batch's groups at once (sync:
-    # the batch admitted at once).
-    request_s = ro["bursts"]["request_s"] if mode != "sync" and "bursts" in ro else ro["request_s"]
+    request_s = ro["request_s"]
   cost = sim.CostModel(
       **calibration["interference"], decode=decode,
       request_s=request_s * r, reward_s=(ro["reward_s"] + ro["latency_s"]) * r,
@@ -160,10 +157,9 @@ def reference_contention(calibration: dict, mode: str, overlap: Overlap | None =
 
   Sync: the decode's and the train step's, measured alone (a sync run's phases do not overlap);
   so is an async calibration that measured no interference (written before 2026-11-26 for 1+1).
-  Async: the servers' contention is the one measured over the calibration's bursts of requests
-  (before them, its steady stream) where there is one (a server's HTTP, engine and XLA threads
-  wait for one another on its core while requests arrive, and the cost per request measured there
-  already charges that); the trainer shares
+  Async: the servers' contention is the one measured over the calibration's steady stream of
+  requests where there is one (a server's HTTP, engine and XLA threads wait for one another on its
+  core in a stream, and the stream's table already charges that); the trainer shares
   its core with the client's loop (and in 2+1 a server), so a run's
   contention holds that sharing while both sides work; the calibrated interference factors already
   charge it, so the reference holds it too, for the same share of the time. The sharing is the
@@ -174,9 +170,8 @@ def reference_contention(calibration: dict, mode: str, overlap: Overlap | None =
   alone = Contention(ro["contention"], tr["alone"]["contention"])
   if mode == "sync":
     return alone
-  arrivals = ro.get("bursts", ro.get("stream"))
-  if arrivals is not None:  # the servers as an async run keeps them: requests arriving
-    alone = Contention(arrivals["contention"], alone.trainer)
+  if "stream" in ro:  # the servers as an async run keeps them: a steady stream of requests
+    alone = Contention(ro["stream"]["contention"], alone.trainer)
   if overlap is None:
     raise ValueError("an async reference needs the simulated overlap of training and rollout")
   if "beside_train" not in ro:  # no interference measured
@@ -413,8 +408,6 @@ def main(argv):
             + f"; request {ro['request_s'] * 1e3:.2f}ms"
             + (f" (in a stream; {ro['request_batch_s'] * 1e3:.2f}ms admitted as a batch)"
                if "stream" in ro else "")
-            + (f"; request {ro['bursts']['request_s'] * 1e3:.2f}ms in bursts of a batch (async)"
-               if "bursts" in ro else "")
             + ("; stream step (async) " + ", ".join(
                 f"{a:.1f}:{s * 1e3:.2f}ms" for a, s in zip(ro["stream"]["active"],
                                                           ro["stream"]["step_s"]))
