@@ -47,7 +47,8 @@ class ServerSampler:
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._loop, args=(period_s,), daemon=True)
 
-  def _snapshot(self) -> Snapshot | None:
+  def snapshot(self) -> Snapshot | None:
+    """The servers' counters now (None before the run writes its metrics and server logs)."""
     try:
       with open(os.path.join(self.workdir, "metrics.jsonl"), "rb") as f:
         steps = sum(1 for _ in f)
@@ -68,7 +69,7 @@ class ServerSampler:
 
   def _loop(self, period_s: float) -> None:
     while not self._stop.wait(period_s):
-      snapshot = self._snapshot()
+      snapshot = self.snapshot()
       if snapshot is not None:
         self.snapshots.append(snapshot)
 

@@ -50,7 +50,7 @@ from typing import Callable
 import numpy as np
 from absl import app, flags
 
-from experiments import _calibration, _cpu_time
+from experiments import _calibration, _calibration_fits, _cpu_time
 from experiments._summary import timed_seconds
 from experiments._server_profile import ServerSampler, server_profile
 from flashrl_jax import sim
@@ -266,12 +266,17 @@ def run(config_path: str, workdir: str, mode: str, alpha: int, steps: int, warmu
         ServerSampler(workdir) as sampler):  # what the servers did: where an error is
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     snapshots: dict[int, tuple] = {}  # step records written -> (trainer, servers) CPU times
+    # Every 5th record also the servers' counters, read at the same moment as their CPU time (the
+    # run's cost per request beyond the static table, printed beside the calibration's).
+    reads: dict[int, tuple] = {}
     seen = 0
     while proc.poll() is None:
       count = _lines(metrics)
       if count != seen and count >= warmup:
         trainer, servers = _cpu_time.processes(proc.pid)
         snapshots[count] = (_cpu_time.cpu_times(trainer), _cpu_time.cpu_times(servers))
+        if (count - warmup) % 5 == 0:
+          reads[count] = (snapshots[count][1][0], sampler.snapshot())
       seen = count
       time.sleep(0.05)
   wall = time.perf_counter() - start
@@ -285,8 +290,39 @@ def run(config_path: str, workdir: str, mode: str, alpha: int, steps: int, warmu
   first, last = snapshots[min(snapshots)], snapshots[max(snapshots)]
   return {**_cpu_time.probe_pair(before, after), "wall_s": wall,
           "servers": server_profile(sampler.snapshots, warmup, steps),
+          "server_window": server_window(reads, metrics),
           "contention": {"trainer": _cpu_time.contention(first[0], last[0]),
                          "rollout": _cpu_time.contention(first[1], last[1])}}
+
+
+def server_window(reads: dict[int, tuple], metrics: str) -> dict | None:
+  """The servers' CPU seconds, decode counters and the samples trained between the first and the
+  last of `reads` (record count -> (servers' CPU seconds, `Snapshot`)) whose servers all
+  answered; None without two such reads."""
+  full = max((snap.servers for _, snap in reads.values() if snap is not None), default=0)
+  counts = [c for c, (_, snap) in sorted(reads.items()) if snap is not None and snap.servers == full]
+  if full == 0 or len(counts) < 2:
+    return None
+  (cpu0, first), (cpu1, last) = reads[counts[0]], reads[counts[-1]]
+  with open(metrics) as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  return {"server_cpu_s": cpu1 - cpu0, "servers": full,
+          "requests": sum(r["num_samples"] for r in records[counts[0]:counts[-1]]),
+          "before": first.counters, "after": last.counters}
+
+
+def run_request_s(calibration: dict, window: dict | None) -> float | None:
+  """A run's servers' CPU seconds per request beyond its decode steps priced by the calibration's
+  static table (`stream_request_s`, as the calibration prices its stream): what a request cost the
+  servers as the run sent it, a diagnostic beside the calibrated costs, never a prediction's input."""
+  if window is None or window["requests"] < 1:
+    return None
+  ro = calibration["rollout"]
+  servers = window["servers"]
+  per_server = [{k: v / servers for k, v in c.items()} for c in (window["before"], window["after"])]
+  return _calibration_fits.stream_request_s(
+      window["server_cpu_s"] / servers, per_server[:1], per_server[1:], ro["decode_active"],
+      ro["decode_step_s"], window["requests"] / servers)
 
 
 def mode_name(mode: str) -> str:
@@ -361,11 +397,20 @@ def predict_run(path: str, regime: str, mode: str, repeat: int, calibrations: di
   profile = info["servers"]
   if profile is not None:  # a server restarted or none answered: nothing to compare
     step = calibrated_step_s(cal, profile["live"], profile["servers"])
+    request_s = run_request_s(cal, info.get("server_window"))
+    row["run_request_s"] = request_s
+    stream = cal["rollout"].get("stream", {})
     print(f"{'':>20} servers: decode iteration {profile['iteration_ms']:.3f} ms at "
           f"{profile['live']:.1f} live (calibrated step there {step * 1e3:.3f} ms, "
           f"x{slowdown.servers:.2f} rescaled {step * slowdown.servers * 1e3:.3f} ms), inside "
           f"decode/prefill {profile['busy']:.2f} of the time (simulated: busy "
-          f"{row['busy_fraction']:.2f} of the whole run)", flush=True)
+          f"{row['busy_fraction']:.2f} of the whole run)"
+          + ("" if request_s is None else
+             f"; CPU per request beyond the static table {request_s * 1e3:.2f} ms (calibration: "
+             + (f"{stream['request_s'] * 1e3:.2f} ms in its stream, "
+                f"{cal['rollout']['request_batch_s'] * 1e3:.2f} ms as a batch)" if "request_s" in
+                stream else f"{cal['rollout']['request_s'] * 1e3:.2f} ms as a batch)")),
+          flush=True)
   return row
 
 
