@@ -300,7 +300,8 @@ def server_window(reads: dict[int, tuple], metrics: str) -> dict | None:
   last of `reads` (record count -> (servers' CPU seconds, `Snapshot`)) whose servers all
   answered; None without two such reads."""
   full = max((snap.servers for _, snap in reads.values() if snap is not None), default=0)
-  counts = [c for c, (_, snap) in sorted(reads.items()) if snap is not None and snap.servers == full]
+  counts = [count for count, (_, snap) in sorted(reads.items())
+            if snap is not None and snap.servers == full]
   if full == 0 or len(counts) < 2:
     return None
   (cpu0, first), (cpu1, last) = reads[counts[0]], reads[counts[-1]]
@@ -314,7 +315,8 @@ def server_window(reads: dict[int, tuple], metrics: str) -> dict | None:
 def run_request_s(calibration: dict, window: dict | None) -> float | None:
   """A run's servers' CPU seconds per request beyond its decode steps priced by the calibration's
   static table (`stream_request_s`, as the calibration prices its stream): what a request cost the
-  servers as the run sent it, a diagnostic beside the calibrated costs, never a prediction's input."""
+  servers as the run sent it, a diagnostic beside the calibrated costs, never a prediction's
+  input."""
   if window is None or window["requests"] < 1:
     return None
   ro = calibration["rollout"]
@@ -399,18 +401,17 @@ def predict_run(path: str, regime: str, mode: str, repeat: int, calibrations: di
     step = calibrated_step_s(cal, profile["live"], profile["servers"])
     request_s = run_request_s(cal, info.get("server_window"))
     row["run_request_s"] = request_s
-    stream = cal["rollout"].get("stream", {})
+    ro = cal["rollout"]
+    calibrated = (f"{ro['stream']['request_s'] * 1e3:.2f} ms in its stream, "
+                  f"{ro['request_batch_s'] * 1e3:.2f} ms as a batch" if "stream" in ro else
+                  f"{ro['request_s'] * 1e3:.2f} ms as a batch")
     print(f"{'':>20} servers: decode iteration {profile['iteration_ms']:.3f} ms at "
           f"{profile['live']:.1f} live (calibrated step there {step * 1e3:.3f} ms, "
           f"x{slowdown.servers:.2f} rescaled {step * slowdown.servers * 1e3:.3f} ms), inside "
           f"decode/prefill {profile['busy']:.2f} of the time (simulated: busy "
           f"{row['busy_fraction']:.2f} of the whole run)"
-          + ("" if request_s is None else
-             f"; CPU per request beyond the static table {request_s * 1e3:.2f} ms (calibration: "
-             + (f"{stream['request_s'] * 1e3:.2f} ms in its stream, "
-                f"{cal['rollout']['request_batch_s'] * 1e3:.2f} ms as a batch)" if "request_s" in
-                stream else f"{cal['rollout']['request_s'] * 1e3:.2f} ms as a batch)")),
-          flush=True)
+          + ("" if request_s is None else f"; CPU per request beyond the static table "
+             f"{request_s * 1e3:.2f} ms (calibration: {calibrated})"), flush=True)
   return row
 
 
