@@ -58,8 +58,8 @@ from typing import Any
 
 import numpy as np
 
-from experiments._calibration_fits import (fit_train, median, nondecreasing, paired_factor,
-                                          stream_point, stream_request_s)
+from experiments._calibration_arrivals import Arrivals
+from experiments._calibration_fits import fit_train, median, nondecreasing, paired_factor
 from experiments._cpu_time import contention, cpu_times, probe, probe_pair, processes
 from experiments._server_profile import server_counters
 from flashrl_jax.controller import Learner, LearnerProcess, RunConfig, engine_server_args
@@ -109,7 +109,7 @@ def learner_pid(learner: Learner | LearnerProcess) -> int:
   return learner.pid if isinstance(learner, LearnerProcess) else os.getpid()
 
 
-class _Bench:
+class _Bench(Arrivals):
   """The measurements, inside the calibration process's event loop."""
 
   def __init__(self, config: RunConfig, place: Layout, fleet, tokenizer,
@@ -220,96 +220,6 @@ class _Bench:
             "request_s": max(float(slope), 0.0), "latency_s": max(float(intercept), 0.0),
             "decode_tokens": [l1, l2], "raw": {f"{a}x{t}": v for (a, t), v in walls.items()}}
 
-  async def stream(self, urls: list[str], groups: list[list[int]], decode: dict[str, Any],
-                   seconds: float = 4.0) -> dict[str, Any]:
-    """The rollout as an async run makes requests: a steady stream of groups (n requests of one
-    prompt, lengths drawn from the initial policy's groups, `ignore_eos`), each lane sending its
-    next group as soon as its last one is scored, so requests arrive one group at a time while
-    earlier ones decode. The batches of `decode` admit a batch at once (prefills of up to
-    `max_prefill_batch`, one HTTP burst), which is how a sync step's requests arrive, not an async
-    run's; measured (2026-11-26, long-tail model, one server, 8 live requests) a stream's server
-    made 14,000 tokens/s against a static batch's 24,000, its decode iteration 0.42 ms against
-    0.29 (the HTTP and admission work of the requests arriving and leaving runs on the same core).
-
-    Measured at lane counts from 1/8 of the slots' worth of groups to all of them, so it covers the
-    live counts async runs keep (α = 1 fewer, α = 4 more). Each point is the servers' CPU time per
-    decode step at the step's mean live requests (`stream_point`): the decode, and the work of the
-    requests arriving and leaving at the workload's own turnover, together — a stream's
-    per-request work and per-token work cannot be told apart at one length law (the requests per
-    step are the tokens per step over the mean length), and need not be, since a run has that law.
-    The async prediction prices a worker's step with this table and no separate request cost. The
-    per-request cost beyond the static table (`request_s`, as before, at half the slots) is kept
-    for comparison. The servers' CPU contention over the stream is what an async run's is
-    compared with."""
-    rng = np.random.default_rng(0)
-    full = self.stream_lanes()
-    lane_counts = sorted({max(1, full // d) for d in (8, 4, 2, 1)})
-    half = self.half_stream_lanes()
-    table = (decode["decode_active"], decode["decode_step_s"])
-    servers = processes(os.getpid())[1]
-    cpu_before = cpu_times(servers)
-    points, per_request, walls = {}, [], []
-    for lanes in lane_counts:
-      await self._stream_for(lanes, 1.0, groups, rng)  # warm
-      lives, steps = [], []
-      for _ in range(self.reps):
-        before = [server_counters(u) for u in urls]
-        on_cpu = cpu_times(servers)[0]
-        start = time.perf_counter()
-        requests = await self._stream_for(lanes, seconds, groups, rng)
-        walls.append(time.perf_counter() - start)
-        server_s = cpu_times(servers)[0] - on_cpu
-        after = [server_counters(u) for u in urls]
-        live, step = stream_point(server_s, before, after, len(urls) // self.workers)
-        lives.append(live)
-        steps.append(step)
-        if lanes == half:
-          per_request.append(stream_request_s(server_s, before, after, *table, requests))
-      points[lanes] = (median(lives), median(steps))
-    kept = []  # by live requests, each more than the last (a table's points)
-    for lanes, (live, step) in sorted(points.items(), key=lambda kv: kv[1][0]):
-      if not kept or live > kept[-1][1]:
-        kept.append((lanes, live, step))
-    # A step never gets cheaper with more live requests: a dip is the shared machine's noise.
-    step_s = nondecreasing([step for _, _, step in kept])
-    # The servers' threads (HTTP, engine, XLA) wait for one another on their core in a stream as
-    # they do in a run: the contention a run's is compared with (sim_vs_measured).
-    return {"active": [live for _, live, _ in kept], "step_s": step_s,
-            "lanes": [lanes for lanes, _, _ in kept],
-            "request_s": median(per_request) if per_request else 0.0, "seconds": walls,
-            "raw_request_s": per_request,
-            "contention": contention(cpu_before, cpu_times(servers))}
-
-  def stream_lanes(self) -> int:
-    """Lanes (groups in flight) that fill every slot of the servers."""
-    return max(1, self.slots * self.workers // self.config.group_size)
-
-  def half_stream_lanes(self) -> int:
-    """Half the lanes: the stream whose per-request cost and interference the calibration keeps
-    (a run's async rollout holds a third to a half of the slots live)."""
-    return max(1, self.stream_lanes() // 2)
-
-  async def _stream_for(self, lanes: int, seconds: float, groups, rng) -> int:
-    """`lanes` lanes, each sending a group (n requests of one prompt, lengths drawn from the
-    initial policy's groups, `ignore_eos`) as soon as its last one is scored, for `seconds`;
-    returns the requests made."""
-    from flashrl_jax.fleet import SamplingParams
-    n, end, requests = self.config.group_size, time.perf_counter() + seconds, 0
-
-    async def lane() -> None:
-      nonlocal requests
-      while time.perf_counter() < end:
-        lengths = groups[int(rng.integers(len(groups)))][:n]
-        sample = self.prompts[self._count % len(self.prompts)]
-        self._count += 1
-        await asyncio.gather(*(self.one(SamplingParams(
-            max_new_tokens=max(int(length), 1), ignore_eos=True,
-            temperature=self.config.rollout.temperature), sample) for length in lengths))
-        requests += len(lengths)
-
-    await asyncio.gather(*(lane() for _ in range(lanes)))
-    return requests
-
   async def handoff(self) -> dict[str, dict[str, float]]:
     """`Fleet.publish` (the run's pause mode) of the initial weights as new versions."""
     path = self.config.model_path
@@ -346,6 +256,17 @@ class _Bench:
             group_id=g, behavior_version=version, start_version=version))
     return out
 
+  async def train_half_the_time(self, stop: asyncio.Event, groups, prompt_tokens: float,
+                                rng=None) -> None:
+    """Trains from a worker thread as a run's step is, idling after each step as long as it
+    took, until `stop`."""
+    rng = rng if rng is not None else np.random.default_rng(3)
+    while not stop.is_set():
+      batch = self._trajectories(rng, groups, prompt_tokens)
+      start = time.perf_counter()
+      await asyncio.to_thread(self.learner.update, batch)
+      await asyncio.sleep(time.perf_counter() - start)
+
   async def rollout_beside_train(self, urls: list[str], groups, prompt_tokens: float,
                                  seconds: float = 2.0) -> dict[str, float]:
     """How much slower the servers generate while the trainer trains: seconds per generated token
@@ -367,11 +288,7 @@ class _Bench:
     servers = processes(os.getpid())[1]
 
     async def train_half_the_time() -> None:
-      while not stop.is_set():
-        batch = self._trajectories(rng, groups, prompt_tokens)
-        start = time.perf_counter()
-        await asyncio.to_thread(self.learner.update, batch)
-        await asyncio.sleep(time.perf_counter() - start)
+      await self.train_half_the_time(stop, groups, prompt_tokens, rng)
 
     def generated() -> float:
       return sum(server_counters(u, keys=("generated_tokens",))["generated_tokens"] for u in urls)
@@ -515,6 +432,11 @@ async def _measure(config: RunConfig, place: Layout, urls: list[str],
       beside["contention"] = contention(before, cpu_times([learner_pid(learner)]))
       trainer_cal["beside_rollout"] = beside
       rollout["beside_train"] = await bench.rollout_beside_train(urls, groups, prompt_tokens)
+      # After the train step is compiled: the bursts are measured beside training too.
+      stream = rollout["stream"]
+      rollout["bursts"] = await bench.bursts(
+          urls, groups, decode, stream["requests_per_s"][str(max(stream["lanes"]))],
+          lambda stop: bench.train_half_the_time(stop, groups, prompt_tokens))
       interference = {
           "train_beside_rollout": paired_factor(beside["raw_seconds"],
                                                 trainer_cal["alone"]["raw_seconds"]),

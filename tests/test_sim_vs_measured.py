@@ -224,6 +224,38 @@ def test_each_train_batch_runs_twice_and_keeps_its_faster_time():
   assert out["raw_tokens"] == per_batch
 
 
+def test_bursts_release_a_batch_of_groups_after_each_handoff_and_wait_for_them():
+  bench = object.__new__(_calibration._Bench)
+  bench.config = _calibration.load_config(str(REPO / "experiments/configs/bench_rlvr_longtail.py"))
+  bench.prompts, bench._count = [object()] * 5, 0
+  sent, published = [], []
+
+  async def one(sampling, sample=None, prompt_tokens=None):
+    sent.append((time.perf_counter(), sampling.max_new_tokens))
+    await asyncio.sleep(0.15)  # longer than the period: bursts overlap, as in a run
+    return sampling.max_new_tokens
+
+  class Fleet:
+    async def publish(self, path, version):
+      published.append((time.perf_counter(), version))
+
+  bench.one, bench.fleet = one, Fleet()
+  b, n = bench.config.batch_size, bench.config.group_size
+  start = time.perf_counter()
+  requests = asyncio.run(bench._bursts_for(0.1, 0.25, [[3, 9], [40, 44]], np.random.default_rng(0),
+                                           handoffs=True))
+  waited = time.perf_counter() - start
+  assert requests == len(sent) == 3 * b * n  # releases at 0, 0.1 and 0.2 s
+  times = sorted(t - start for t, _ in sent)
+  for k in range(3):  # each burst's requests leave together, a period after the last burst
+    burst = times[k * b * n:(k + 1) * b * n]
+    assert burst[-1] - burst[0] < 0.05 and abs(burst[0] - 0.1 * k) < 0.05
+    assert published[k][0] - start <= burst[0]  # its handoff first
+  assert [v for _, v in published] == sorted({v for _, v in published})  # new versions each time
+  assert waited >= 0.2 + 0.15  # every request of the last burst came back
+  assert {tokens for _, tokens in sent} <= {3, 9, 40, 44}  # the policy's own groups' lengths
+
+
 def test_contention_over_two_phases_is_the_wall_weighted_harmonic_mean():
   # 1 s of wall time at contention 1 (1 s on a CPU) and 1 s at 2 (0.5 s on a CPU): 2 s of wall
   # time for 1.5 s of CPU time, 4/3 (the arithmetic mean would say 1.5).
@@ -318,6 +350,13 @@ def test_async_steps_are_priced_by_the_stream_and_sync_steps_by_the_batches():
   assert stream.decode.step_time(3) == pytest.approx(2 * (0.001 + 0.002 * 1.5 / 4.5))
   sync = sim_vs_measured.sim_config(cal, "sync", 0, *knobs).cost
   assert (sync.decode.step_time(4), sync.request_s) == (pytest.approx(0.004), 0.01)
+  # With bursts measured, async is the static table plus the bursts' cost per request, rescaled
+  # like every rollout cost; sync is unchanged.
+  cal["rollout"]["bursts"] = {"request_s": 0.005, "contention": 1.0}
+  bursts = sim_vs_measured.sim_config(cal, "async", 2, *knobs, rollout_slowdown=2.0).cost
+  assert (bursts.decode.step_time(4), bursts.request_s) == (pytest.approx(0.008), 0.01)
+  sync = sim_vs_measured.sim_config(cal, "sync", 0, *knobs).cost
+  assert (sync.decode.step_time(4), sync.request_s) == (pytest.approx(0.004), 0.01)
 
 
 def test_async_servers_are_referenced_at_the_contention_of_the_calibrations_stream():
@@ -332,6 +371,11 @@ def test_async_servers_are_referenced_at_the_contention_of_the_calibrations_stre
   assert always == Contention(pytest.approx(1.8 * 1.5), pytest.approx(1.2 * 2.0))
   alone = sim_vs_measured.reference_contention(cal, "async", Overlap(0.0, 0.0))
   assert alone == Contention(pytest.approx(1.8), pytest.approx(1.2))
+  # Bursts price the async requests when measured: their contention is the reference.
+  cal["rollout"]["bursts"] = {"request_s": 0.001, "contention": 1.6}
+  alone = sim_vs_measured.reference_contention(cal, "async", Overlap(0.0, 0.0))
+  assert alone == Contention(pytest.approx(1.6), pytest.approx(1.2))
+  assert sim_vs_measured.reference_contention(cal, "sync") == Contention(1.5, 1.2)
 
 
 def test_an_async_run_that_meets_only_the_calibrated_sharing_is_not_rescaled():

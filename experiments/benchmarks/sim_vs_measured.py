@@ -89,9 +89,9 @@ def sim_config(calibration: dict, mode: str, alpha: int, batch_size: int, group_
   r, t = rollout_slowdown, train_slowdown
   handoff = {k: v * r for k, v in ro["handoff"]["idle" if mode == "sync" else "busy"].items()}
   stream = ro.get("stream", {})
-  if mode != "sync" and "step_s" in stream:
-    # An async run's servers meet a stream: its table holds the requests' arrivals and departures
-    # at the workload's own turnover and contexts, so no request cost or context factor is added.
+  if mode != "sync" and "bursts" not in ro and "step_s" in stream:
+    # (Calibrations of 2026-11-26 to -27, before the bursts: the lanes stream's table, which holds
+    # its requests' arrivals and departures, with no request cost added.)
     decode = sim.TabulatedDecode(stream["active"], [s * r for s in stream["step_s"]])
     request_s = 0.0
   else:
@@ -100,7 +100,9 @@ def sim_config(calibration: dict, mode: str, alpha: int, batch_size: int, group_
                                  context_slope=ro.get("decode_context_slope", 0.0),
                                  # Our engine pads a step's requests to the longest one's span.
                                  context_of=sim.Context.LONGEST)
-    request_s = ro["request_s"]
+    # Async: the servers' work per request as a run sends them, a batch's groups after each
+    # handoff (sync: the batch admitted at once).
+    request_s = ro["bursts"]["request_s"] if mode != "sync" and "bursts" in ro else ro["request_s"]
   cost = sim.CostModel(
       **calibration["interference"], decode=decode,
       request_s=request_s * r, reward_s=(ro["reward_s"] + ro["latency_s"]) * r,
@@ -170,8 +172,9 @@ def reference_contention(calibration: dict, mode: str, overlap: Overlap | None =
   alone = Contention(ro["contention"], tr["alone"]["contention"])
   if mode == "sync":
     return alone
-  if "stream" in ro:  # the servers as an async run keeps them: a steady stream of requests
-    alone = Contention(ro["stream"]["contention"], alone.trainer)
+  arrivals = ro.get("bursts", ro.get("stream"))
+  if arrivals is not None:  # the servers as an async run keeps them: requests arriving
+    alone = Contention(arrivals["contention"], alone.trainer)
   if overlap is None:
     raise ValueError("an async reference needs the simulated overlap of training and rollout")
   if "beside_train" not in ro:  # no interference measured
@@ -405,6 +408,8 @@ def predict_run(path: str, regime: str, mode: str, repeat: int, calibrations: di
     calibrated = (f"{ro['stream']['request_s'] * 1e3:.2f} ms in its stream, "
                   f"{ro['request_batch_s'] * 1e3:.2f} ms as a batch" if "stream" in ro else
                   f"{ro['request_s'] * 1e3:.2f} ms as a batch")
+    if "bursts" in ro:
+      calibrated += f", {ro['bursts']['request_s'] * 1e3:.2f} ms in bursts after handoffs"
     print(f"{'':>20} servers: decode iteration {profile['iteration_ms']:.3f} ms at "
           f"{profile['live']:.1f} live (calibrated step there {step * 1e3:.3f} ms, "
           f"x{slowdown.servers:.2f} rescaled {step * slowdown.servers * 1e3:.3f} ms), inside "
@@ -454,6 +459,8 @@ def main(argv):
             + f"; request {ro['request_s'] * 1e3:.2f}ms"
             + (f" (in a stream; {ro['request_batch_s'] * 1e3:.2f}ms admitted as a batch)"
                if "stream" in ro else "")
+            + (f"; request {ro['bursts']['request_s'] * 1e3:.2f}ms in bursts after handoffs "
+               "(async)" if "bursts" in ro else "")
             + ("; stream step (async) " + ", ".join(
                 f"{a:.1f}:{s * 1e3:.2f}ms" for a, s in zip(ro["stream"]["active"],
                                                           ro["stream"]["step_s"]))
