@@ -5,8 +5,9 @@
 
 For each regime (a run config file) the script first calibrates `flashrl_jax.sim` with standalone
 microbenchmarks of the real parts (`experiments/_calibration.py`: decode step by live requests on the
-run's own server layout, per-request cost, handoff, the initial policy's response lengths, train
-step and export by trained tokens), once for the sync core layout and once for the async split.
+run's own server layout, per-request cost — for async as runs send their requests, a batch's
+groups after each weight handoff — handoff, the initial policy's response lengths, train step and
+export by trained tokens), once for the sync core layout and once for the async split.
 Then it runs each mode for real (`python -m experiments.train`, real servers and trainer), and
 predicts its samples/s from the calibration alone: nothing measured in a run goes into its
 prediction. Both sides are timed on a shared machine minutes apart, so the calibrated costs are
