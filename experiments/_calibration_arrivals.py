@@ -149,8 +149,8 @@ class Arrivals:
     while time.perf_counter() < end:
       released = time.perf_counter()
       if handoffs:
-        self._version = getattr(self, "_version", 1_000) + 1
-        await self.fleet.publish(self.config.model_path, self._version)
+        # The same weights under the next version number: a real pause, load and resume.
+        await self.fleet.publish(self.config.model_path, self.fleet.version + 1)
       tasks += [asyncio.ensure_future(self._group(groups, rng))
                 for _ in range(self.config.batch_size)]
       await asyncio.sleep(max(0.0, period - (time.perf_counter() - released)))
