@@ -125,7 +125,8 @@ class Arrivals:
     async def lane() -> None:
       nonlocal requests
       while time.perf_counter() < end:
-        requests += await self._group(groups, rng)
+        made = await self._group(groups, rng)
+        requests += made  # not `+= await`: that reads the count before awaiting, losing lanes'
 
     await asyncio.gather(*(lane() for _ in range(lanes)))
     return requests

@@ -259,6 +259,24 @@ def test_bursts_release_a_batch_of_groups_after_each_handoff_and_wait_for_them()
   assert {tokens for _, tokens in sent} <= {3, 9, 40, 44}  # the policy's own groups' lengths
 
 
+def test_a_stream_counts_every_lanes_requests():
+  # Lanes finish groups while others await theirs: each group's requests must be counted once.
+  # (With `requests += await ...` each lane wrote back the count it read before awaiting, and
+  # 8 lanes reported ~45 requests/s where their server answered ~345: the bursts were paced by it.)
+  bench = object.__new__(_calibration._Bench)
+  finished = []
+
+  async def group(groups, rng):
+    await asyncio.sleep(float(rng.uniform(0.001, 0.01)))  # lanes interleave
+    finished.append(2)
+    return 2
+
+  bench._group = group
+  requests = asyncio.run(bench._stream_for(8, 0.2, None, np.random.default_rng(0)))
+  assert len(finished) > 8 * 10  # every lane made many groups
+  assert requests == sum(finished)
+
+
 def test_contention_over_two_phases_is_the_wall_weighted_harmonic_mean():
   # 1 s of wall time at contention 1 (1 s on a CPU) and 1 s at 2 (0.5 s on a CPU): 2 s of wall
   # time for 1.5 s of CPU time, 4/3 (the arithmetic mean would say 1.5).
