@@ -126,8 +126,10 @@ class Arrivals:
     async def lane() -> None:
       nonlocal requests
       while time.perf_counter() < end:
+        # Not `requests += await ...`: that reads the count before awaiting and writes it back
+        # after, losing what the other lanes added meanwhile.
         made = await self._group(groups, rng)
-        requests += made  # not `+= await`: that reads the count before awaiting, losing lanes'
+        requests += made
 
     await asyncio.gather(*(lane() for _ in range(lanes)))
     return requests
