@@ -287,9 +287,6 @@ class _Bench(Arrivals):
     rng = np.random.default_rng(2)
     servers = processes(os.getpid())[1]
 
-    async def train_half_the_time() -> None:
-      await self.train_half_the_time(stop, groups, prompt_tokens, rng)
-
     def generated() -> float:
       return sum(server_counters(u, keys=("generated_tokens",))["generated_tokens"] for u in urls)
 
@@ -309,7 +306,7 @@ class _Bench(Arrivals):
     for _ in range(self.reps + 1):
       alone.append(await timed("alone"))
       stop.clear()
-      trainer = asyncio.create_task(train_half_the_time())
+      trainer = asyncio.create_task(self.train_half_the_time(stop, groups, prompt_tokens, rng))
       await asyncio.sleep(0.2)
       beside.append(await timed("beside"))
       stop.set()

@@ -9,13 +9,32 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any
+from typing import Any, Awaitable, NamedTuple
 
 import numpy as np
 
 from experiments._calibration_fits import median, nondecreasing, stream_point, stream_request_s
 from experiments._cpu_time import contention, cpu_times, processes
 from experiments._server_profile import server_counters
+
+
+class Window(NamedTuple):
+  """The servers over one awaited piece of work: CPU seconds, counters before and after."""
+
+  server_s: float
+  before: list[dict[str, float]]
+  after: list[dict[str, float]]
+  result: Any  # the work's
+  wall_s: float  # the work's own
+
+
+async def _window(urls: list[str], servers: list[int], work: Awaitable) -> Window:
+  before, on_cpu = [server_counters(u) for u in urls], cpu_times(servers)[0]
+  start = time.perf_counter()
+  result = await work
+  wall_s = time.perf_counter() - start
+  server_s = cpu_times(servers)[0] - on_cpu
+  return Window(server_s, before, [server_counters(u) for u in urls], result, wall_s)
 
 
 class Arrivals:
@@ -44,19 +63,14 @@ class Arrivals:
       await self._stream_for(lanes, 1.0, groups, rng)  # warm
       lives, steps = [], []
       for _ in range(self.reps):
-        before = [server_counters(u) for u in urls]
-        on_cpu = cpu_times(servers)[0]
-        start = time.perf_counter()
-        requests = await self._stream_for(lanes, seconds, groups, rng)
-        walls.append(time.perf_counter() - start)
-        rates.setdefault(lanes, []).append(requests / walls[-1])
-        server_s = cpu_times(servers)[0] - on_cpu
-        after = [server_counters(u) for u in urls]
-        live, step = stream_point(server_s, before, after, len(urls) // self.workers)
+        w = await _window(urls, servers, self._stream_for(lanes, seconds, groups, rng))
+        walls.append(w.wall_s)
+        rates.setdefault(lanes, []).append(w.result / w.wall_s)
+        live, step = stream_point(w.server_s, w.before, w.after, len(urls) // self.workers)
         lives.append(live)
         steps.append(step)
         if lanes == half:
-          per_request.append(stream_request_s(server_s, before, after, *table, requests))
+          per_request.append(stream_request_s(w.server_s, w.before, w.after, *table, w.result))
       points[lanes] = (median(lives), median(steps))
     kept = []  # by live requests, each more than the last (a table's points)
     for lanes, (live, step) in sorted(points.items(), key=lambda kv: kv[1][0]):
@@ -98,13 +112,11 @@ class Arrivals:
       for _ in range(self.reps):
         stop = asyncio.Event()
         trainer = asyncio.create_task(train_half_the_time(stop))
-        before, on_cpu = [server_counters(u) for u in urls], cpu_times(servers)[0]
-        requests = await self._bursts_for(period, seconds, groups, rng, handoffs=True)
-        server_s = cpu_times(servers)[0] - on_cpu
-        after = [server_counters(u) for u in urls]
+        w = await _window(urls, servers,
+                          self._bursts_for(period, seconds, groups, rng, handoffs=True))
         stop.set()
         await trainer
-        per_request.append(stream_request_s(server_s, before, after, *table, requests))
+        per_request.append(stream_request_s(w.server_s, w.before, w.after, *table, w.result))
     return {"request_s": median(per_request), "raw_request_s": per_request, "periods": periods,
             "contention": contention(cpu_before, cpu_times(servers))}
 
