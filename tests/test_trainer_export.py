@@ -15,11 +15,10 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file
 
-from flashrl_jax.model import load_hf
+from flashrl_jax.model import MANIFEST, CorruptVersionError, load_hf, verify_version
 from flashrl_jax.testing import tiny_config, tiny_model
 from flashrl_jax.trainer import TrainConfig, abstract_train_state, make_mesh
-from flashrl_jax.trainer._export import (MANIFEST, CorruptVersionError, VersionStore,
-                                         export_version, verify_version, version_dirname)
+from flashrl_jax.trainer import VersionStore, export_version, version_dirname
 from tests.hf_helpers import rel_err
 
 CONFIG = tiny_config()

@@ -26,10 +26,11 @@ from flashrl_jax._backend import check_backend
 from flashrl_jax.controller._config import RunConfig
 from flashrl_jax.controller._eval import held_out_accuracy
 from flashrl_jax.controller._source import task_source
-from flashrl_jax.model import Decoder, load_tokenizer, read_config
-from flashrl_jax.trainer import (Batch, CheckpointConfig, Checkpointer, CorruptVersionError,
-                                 MeshConfig, Message, Op, ProcessGroup, Trainer, Trajectory,
-                                 VersionStore, abstract_train_state, make_mesh, verify_version)
+from flashrl_jax.model import (CorruptVersionError, Decoder, load_tokenizer, read_config,
+                               verify_version)
+from flashrl_jax.trainer import (Batch, CheckpointConfig, Checkpointer, MeshConfig, Message, Op,
+                                 ProcessGroup, Trainer, Trajectory, VersionStore,
+                                 abstract_train_state, make_mesh)
 
 log = logging.getLogger(__name__)
 

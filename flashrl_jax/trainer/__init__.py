@@ -17,8 +17,7 @@ from flashrl_jax.trainer._distributed import (AUTO, DistributedConfig, first_slu
                                               shutdown_distributed, to_host, tree_to_global)
 from flashrl_jax.trainer._group import (EXIT_LOST, Message, Op, ProcessGroup, receive_message,
                                        send_message)
-from flashrl_jax.trainer._export import (CorruptVersionError, VersionStore, export_version,
-                                         verify_version, version_dirname)
+from flashrl_jax.trainer._export import VersionStore, export_version, version_dirname
 from flashrl_jax.trainer._mesh import AXES, MeshConfig, make_mesh
 from flashrl_jax.trainer._optimizer import (apply_update, current_learning_rate, decay_mask,
                                             learning_rate_schedule, make_optimizer)
@@ -34,7 +33,7 @@ from flashrl_jax.trainer._trainer import Trainer
 __all__ = [
     "abstract_train_state", "AdvantageEstimator", "apply_update", "AUTO", "AXES", "Batch",
     "batch_shardings", "batch_stats", "BatchConfig", "CheckpointConfig", "Checkpointer",
-    "compute_advantages", "CorruptCheckpointError", "CorruptVersionError", "create_train_state",
+    "compute_advantages", "CorruptCheckpointError", "create_train_state",
     "current_learning_rate", "decay_mask", "DistributedConfig", "DType", "EXIT_LOST",
     "export_version", "first_slurm_host", "host_to_global", "initialize_distributed",
     "learning_rate_schedule", "logical_to_spec", "LossInputs", "make_mesh", "make_optimizer",
@@ -44,5 +43,5 @@ __all__ = [
     "ProcessGroup", "random_trajectories", "receive_message", "send_message", "replicated", "ROLLOUT_RULES", "Rules", "Schedule",
     "shard_fn", "shutdown_distributed", "state_shardings", "to_host", "TRAIN_RULES",
     "train_state_shardings", "train_step", "TrainConfig", "Trainer", "TrainState", "Trajectory",
-    "tree_to_global", "verify_version", "version_dirname", "VersionStore",
+    "tree_to_global", "version_dirname", "VersionStore",
 ]
