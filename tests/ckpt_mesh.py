@@ -20,11 +20,10 @@ from flax import nnx  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from flashrl_jax.testing import tiny_config  # noqa: E402
-from flashrl_jax.trainer import TrainConfig, abstract_train_state, make_mesh  # noqa: E402
-from flashrl_jax.model import load_hf  # noqa: E402
+from flashrl_jax.trainer import (TrainConfig, abstract_train_state, export_version,  # noqa: E402
+                                 make_mesh)
+from flashrl_jax.model import load_hf, verify_version  # noqa: E402
 from flashrl_jax.trainer._checkpoint import CheckpointConfig, Checkpointer  # noqa: E402
-from flashrl_jax.model import verify_version  # noqa: E402
-from flashrl_jax.trainer import export_version  # noqa: E402
 
 
 def _random_state(abstract, seed: int = 0):

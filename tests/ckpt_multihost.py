@@ -17,13 +17,11 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from flashrl_jax.model import load_hf  # noqa: E402
+from flashrl_jax.model import load_hf, verify_version  # noqa: E402
 from flashrl_jax.testing import tiny_config  # noqa: E402
-from flashrl_jax.trainer import (TrainConfig, abstract_train_state, host_to_global,  # noqa: E402
-                                 initialize_distributed, make_mesh, to_host)
+from flashrl_jax.trainer import (TrainConfig, abstract_train_state, export_version,  # noqa: E402
+                                 host_to_global, initialize_distributed, make_mesh, to_host)
 from flashrl_jax.trainer._checkpoint import CheckpointConfig, Checkpointer  # noqa: E402
-from flashrl_jax.model import verify_version  # noqa: E402
-from flashrl_jax.trainer import export_version  # noqa: E402
 
 
 def main(directory: str, coordinator: str, process_id: int) -> None:
