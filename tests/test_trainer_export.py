@@ -17,8 +17,8 @@ from safetensors.numpy import load_file
 
 from flashrl_jax.model import MANIFEST, CorruptVersionError, load_hf, verify_version
 from flashrl_jax.testing import tiny_config, tiny_model
-from flashrl_jax.trainer import TrainConfig, abstract_train_state, make_mesh
-from flashrl_jax.trainer import VersionStore, export_version, version_dirname
+from flashrl_jax.trainer import (TrainConfig, VersionStore, abstract_train_state, export_version,
+                                 make_mesh, version_dirname)
 from tests.hf_helpers import rel_err
 
 CONFIG = tiny_config()
