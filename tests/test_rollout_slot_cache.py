@@ -3,8 +3,10 @@ float64 NumPy.
 
 What is tried: one decode step whose rows hold 1, 64, 65, 130, 300 and 512 positions (the new
 token included) in scattered slots, a padding row pointing at the spare slot with a junk length,
-and a step of the shortest span (64). Each row must equal softmax attention over exactly its own
-positions `[0, length]`, computed in float64."""
+and a step of the shortest span (64); with every row over the step's span and with each row over
+its own bucket of `row_spans` (the lengths sit on the buckets' edges). Each row must equal softmax
+attention over exactly its own positions `[0, length]`, computed in float64. And with buckets, a
+row must not read past its own: the keys and values there are NaN."""
 
 import jax
 import jax.numpy as jnp
@@ -27,8 +29,31 @@ def reference(q_row, keys, values, attended):
   return np.einsum("kgs,khs->kgh", weights, v)
 
 
+ROW_SPANS = (64, 128, 256, 512)
+
+
+@pytest.mark.parametrize("row_spans", [(), ROW_SPANS])
 @pytest.mark.parametrize("span,lengths", [(512, [0, 63, 64, 129, 299, 511]), (64, [0, 5, 63])])
-def test_each_row_attends_over_exactly_its_own_positions(span, lengths):
+def test_each_row_attends_over_exactly_its_own_positions(span, lengths, row_spans):
+  out, want = attend_rows(span, lengths, row_spans)
+  for i, length in enumerate(lengths):
+    np.testing.assert_allclose(out[i], want[i], rtol=2e-5, atol=2e-6, err_msg=f"row {i} ({length})")
+  assert np.all(np.isfinite(out[-1]))  # the padding row: finite, unused
+
+
+def test_a_row_reads_only_its_own_bucket():
+  lengths = [0, 63, 64, 129, 299, 450]
+  out, want = attend_rows(512, lengths, ROW_SPANS, poison_past=ROW_SPANS)
+  for i, length in enumerate(lengths):
+    np.testing.assert_allclose(out[i], want[i], rtol=2e-5, atol=2e-6, err_msg=f"row {i} ({length})")
+  # Without buckets every row reads the step's whole span, NaN included (the poison is live).
+  out, _ = attend_rows(512, lengths, (), poison_past=ROW_SPANS)
+  assert np.isnan(out[0]).all() and np.isfinite(out[-2]).all()
+
+
+def attend_rows(span, lengths, row_spans, *, poison_past=()):
+  """`DecodeView.attend` on random keys/values and the float64 reference for each row; keys and
+  values past each row's bucket of `poison_past` (if given) are NaN."""
   rng = np.random.default_rng(0)
   slots = len(lengths) + 2
   cache = SlotCache.zeros(num_layers=1, num_slots=slots, max_length=span, num_kv_heads=K,
@@ -40,14 +65,16 @@ def test_each_row_attends_over_exactly_its_own_positions(span, lengths):
   cached = np.zeros(slots + 1, np.int32)
   cached[rows[:-1]] = lengths
   cached[slots] = 10 * span  # junk: padding rows are never read
+  if poison_past:
+    for row, length in zip(rows, lengths):
+      bucket = next(s for s in poison_past if s >= length + 1)
+      ks[row, :, bucket:], vs[row, :, :, bucket:] = np.nan, np.nan
   cache = cache.replace(ks=(jnp.asarray(ks),), vs=(jnp.asarray(vs),), lengths=jnp.asarray(cached))
-  view = cache.view(jnp.asarray(rows), span)
+  view = cache.view(jnp.asarray(rows), span, row_spans)
   q = rng.standard_normal((len(rows), 1, K * G, H)).astype(np.float32)
   positions = view.lengths[:, None]  # the new token's position, as `Decoder.extend` builds it
   mask = jnp.arange(span)[None, None] <= positions[:, :, None]  # [b, 1, span]
   out = jax.jit(lambda q, m: view.attend(0, q, m, K, jnp.float32))(jnp.asarray(q), mask)
-  out = np.asarray(out).reshape(len(rows), K, G, H)
-  for i, length in enumerate(lengths):
-    want = reference(q[i, 0].reshape(K, G, H), ks[rows[i]], vs[rows[i]], length + 1)
-    np.testing.assert_allclose(out[i], want, rtol=2e-5, atol=2e-6, err_msg=f"row {i} ({length})")
-  assert np.all(np.isfinite(out[-1]))  # the padding row: finite, unused
+  want = [reference(q[i, 0].reshape(K, G, H), ks[rows[i]], vs[rows[i]], length + 1)
+          for i, length in enumerate(lengths)]
+  return np.asarray(out).reshape(len(rows), K, G, H), want

@@ -303,7 +303,8 @@ class Runner:
 
     def step(i, carry):
       cache, tokens, (out_tokens, out_lps, out_ids, out_top) = carry
-      hidden, view = model.extend(tokens[:, None], advance, cache.view(slots, span))
+      hidden, view = model.extend(tokens[:, None], advance,
+                                  cache.view(slots, span, tuple(self.decode_spans)))
       cache = self._constrain(view.commit(cache))
       new, lps, (ids, top) = sample_with_top(model.logits(hidden[:, 0]), rows, step_counts + i,
                                              top_n)

@@ -21,6 +21,8 @@ one buffer): on XLA:CPU a write into it rewrote the whole 5-D buffer for every l
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,9 +54,11 @@ class SlotCache:
     """The row padding writes to (never a request's)."""
     return self.lengths.shape[0] - 1
 
-  def view(self, rows: jax.Array, span: int) -> "DecodeView":
-    """The decode cache of slots `rows` `[b]` over their first `span` positions."""
-    return DecodeView(ks=self.ks, vs=self.vs, rows=rows, lengths=self.lengths[rows], span=span)
+  def view(self, rows: jax.Array, span: int, row_spans: tuple[int, ...] = ()) -> "DecodeView":
+    """The decode cache of slots `rows` `[b]` over their first `span` positions; each row attends
+    over the smallest of `row_spans` (ascending, each <= `span`) that holds its context."""
+    return DecodeView(ks=self.ks, vs=self.vs, rows=rows, lengths=self.lengths[rows], span=span,
+                      row_spans=tuple(s for s in row_spans if s < span) + (span,))
 
   def insert_prefill(self, fresh: KVCache, slots: jax.Array) -> "SlotCache":
     """Copies row i of `fresh` (`[L, G, T, K, H]`, T <= S) to slot `slots[i]` (padding: the spare)."""
@@ -77,6 +81,10 @@ class DecodeView:
   rows: jax.Array  # [b] int32 slot of each batch row (padding: the spare row)
   lengths: jax.Array  # [b] int32 cached positions of each batch row
   span: int = struct.field(pytree_node=False)
+  # Ascending spans a row may attend over, the last `span`: a short request beside a long one reads
+  # its own bucket, not the longest row's (hidden 256, 16 live requests, one core: 3.0 ms per step
+  # at span 64 against 7.7 at 512).
+  row_spans: tuple[int, ...] = struct.field(pytree_node=False, default=())
 
   @property
   def max_length(self) -> int:
@@ -99,7 +107,8 @@ class DecodeView:
   def attend(self, layer: int, q: jax.Array, mask: jax.Array, num_kv_heads: int,
              dtype) -> jax.Array:
     """Attention of one query per row (`q` `[b, 1, N, H]`, `mask` `[b, 1, span]`) over that row's
-    cached keys/values, row by row -> `[b, 1, N, H]`.
+    cached keys/values, row by row -> `[b, 1, N, H]`. A row reads the first `row_spans` bucket that
+    holds its context (its positions past that are masked out anyway, so the result is the same).
 
     Why a loop over rows: each row's keys are a contiguous block of the slot buffer that the dot
     reads in place, where gathering the rows into one `[b, K, span, H]` array first cost as much
@@ -113,18 +122,27 @@ class DecodeView:
     bias = jnp.where(mask[:, 0], 0.0, jnp.finfo(jnp.float32).min)  # [b, span]
     keys, values = self.ks[layer], self.vs[layer]
 
-    def one(args):
-      q_row, bias_row, row = args
-      k = jax.lax.dynamic_slice_in_dim(keys, row, 1, 0)[0, :, :self.span].astype(dtype)
-      v = jax.lax.dynamic_slice_in_dim(values, row, 1, 0)[0, :, :, :self.span].astype(dtype)
+    def over(span, q_row, bias_row, row):
+      k = jax.lax.dynamic_slice_in_dim(keys, row, 1, 0)[0, :, :span].astype(dtype)
+      v = jax.lax.dynamic_slice_in_dim(values, row, 1, 0)[0, :, :, :span].astype(dtype)
       scores = jnp.einsum("kgh,ksh->kgs", q_row, k, preferred_element_type=jnp.float32)
-      scores = scores + bias_row
+      scores = scores + bias_row[:span]
       weights = jnp.exp(scores - scores.max(-1, keepdims=True))
       out = jnp.einsum("kgs,khs->kgh", weights.astype(dtype), v,
                        preferred_element_type=jnp.float32)
       return out / weights.sum(-1, keepdims=True)
 
-    out = jax.lax.map(one, (q, bias, self.rows))  # [b, K, G, H]
+    spans = self.row_spans or (self.span,)
+    branches = [functools.partial(over, span) for span in spans]
+    # The token being written sits at position `lengths`: a row needs lengths + 1 positions.
+    bucket = jnp.searchsorted(jnp.asarray(spans, jnp.int32), self.lengths + 1)
+    bucket = jnp.minimum(bucket, len(spans) - 1)  # padding rows' lengths are junk
+
+    def one(args):
+      q_row, bias_row, row, which = args
+      return jax.lax.switch(which, branches, q_row, bias_row, row)
+
+    out = jax.lax.map(one, (q, bias, self.rows, bucket))  # [b, K, G, H]
     return out.reshape(b, 1, n, h).astype(dtype)
 
   def commit(self, cache: SlotCache) -> SlotCache:
