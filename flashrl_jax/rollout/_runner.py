@@ -10,14 +10,14 @@ Prefill's sampling is a program of its own, compiled once per group size rather 
 prefill shape (it was half of each program's compile time).
 
 Prefill runs on a small group of prompts padded to a (group, length) bucket, on a fresh model cache
-of the bucket's length, and copies it into the chosen slots (`SlotCache.insert_prefill`). Decode runs
-the live slots only: the scheduler passes their slot indices padded to a batch bucket (a power of
-two) and a span bucket (a power of two >= the longest live context; each row attends over its own
-bucket inside it), so a step costs what the live requests need, whatever slots they sit in. One decode call runs up to `decode_block` steps in one
-program (forward, sampling and the next step's input on the device, SGLang's
-`num_continuous_decode_steps`): at the small batches of a CPU server most of a step is the fixed
-cost of a call, which the block pays once (hidden 64, 2 layers, 8 live requests, one core:
-0.26 ms per token-step one step per call, 0.14 at 4 per call, 0.12 at 8).
+of the bucket's length, and copies it into the chosen slots (`SlotCache.insert_prefill`). Decode
+runs the live slots only: the scheduler passes their slot indices padded to a batch bucket (a power
+of two) and a span bucket (a power of two >= the longest live context; each row attends over its own
+bucket inside it), so a step costs what the live requests need, whatever slots they sit in. One
+decode call runs up to `decode_block` steps in one program (forward, sampling and the next step's
+input on the device, SGLang's `num_continuous_decode_steps`): at the small batches of a CPU server
+most of a step is the fixed cost of a call, which the block pays once (hidden 64, 2 layers, 8 live
+requests, one core: 0.26 ms per token-step one step per call, 0.14 at 4 per call, 0.12 at 8).
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ them with an index vector (`rows`, padded to a batch bucket with the spare row),
 over each one's own span bucket, read in place (the program is compiled for `span`, a power-of-two
 bucket of the longest live context, and each row reads the smallest bucket that holds its own
 context), and scatters each new key/value in place on the donated buffer. So the cost of a step
-follows the live work, and nothing is moved or copied when the live set changes (the old design packed live
-requests into a prefix of the slots, and writing that prefix back copied the whole cache every
-step). One scatter per layer: per-row `dynamic_update_slice`s compiled 2-4x slower at 8-32 rows and
-ran no faster.
+follows the live work, and nothing is moved or copied when the live set changes (the old design
+packed live requests into a prefix of the slots, and writing that prefix back copied the whole cache
+every step). One scatter per layer: per-row `dynamic_update_slice`s compiled 2-4x slower at 8-32
+rows and ran no faster.
 
 Keys are stored `[B+1, K, S, H]` (q.k contracts H, the minor axis) and values `[B+1, K, H, S]` (p.v
 contracts S, then the minor axis); row B is a spare that padding rows of a decode batch write to, so
