@@ -21,6 +21,7 @@ from scipy import stats
 from flashrl_jax.fleet import FinishKind, PauseMode
 from flashrl_jax.rollout import Engine, EngineConfig, Sampling
 from flashrl_jax.rollout._request import LogprobOptions
+from flashrl_jax.rollout._runner import bucket_ladder
 from flashrl_jax.rollout._sampling import RowSampling, sample
 from flashrl_jax.testing import write_tiny_checkpoint
 
@@ -121,8 +122,18 @@ def test_tail_requests_decode_in_a_smaller_batch_from_their_own_slots(engine, lo
     tokens, logps = greedy_reference(logits_fns["a"], prompt, n)
     assert list(out.output_ids) == tokens
     np.testing.assert_allclose(out.logprobs, logps, atol=1e-4)
-  assert engine.runner.decode_sizes == [2, 4]
+  assert engine.runner.decode_sizes == [2, 3, 4]
   assert engine.stats.computed_slot_steps - computed < 4 * 13  # some steps ran on 2 slots
+
+
+@pytest.mark.parametrize("lo, hi, expected", [
+    (1, 32, [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]),
+    (2, 4, [2, 3, 4]),
+    (5, 16, [6, 8, 12, 16]),  # lo rounds up to a rung
+    (4, 20, [4, 6, 8, 12, 16, 20]),  # hi itself is the last bucket, a rung or not
+    (1, 1, [1]), (1, 2, [1, 2]), (3, 3, [3])])
+def test_bucket_ladder_is_powers_of_two_and_halfway_points(lo, hi, expected):
+  assert bucket_ladder(lo, hi) == expected
 
 
 def test_decode_blocks_give_the_tokens_of_one_step_per_call(engine, logits_fns):

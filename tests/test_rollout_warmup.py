@@ -68,8 +68,9 @@ def test_no_program_is_built_after_warmup_and_a_restart_loads_them_all(ckpts, tm
                           env=dict(os.environ, JAX_PLATFORMS="cpu")) as servers:
     url = servers.urls[0]
     first = _internal(url)
-    # decode: batches 1, 2, 4 x spans 64, 128; prefill: lengths 32, 64, 128 x groups 1, 2.
-    assert first["warmup_shapes"] == 3 * 2 + 3 * 2
+    # decode: one program per batch bucket 1, 2, 3, 4 (each holds both spans, 64 and 128);
+    # prefill: lengths 32, 64, 128 x groups 1, 2.
+    assert first["warmup_shapes"] == 4 + 3 * 2
     assert first["warmup_s"] > 0 and first["num_compiles"] > 0
     assert first["num_compiles_after_warmup"] == 0
 

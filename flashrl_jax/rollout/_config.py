@@ -29,9 +29,10 @@ class EngineConfig:
   min_prefill_len: int = 16
   max_prefill_batch: int = 4
   prefill_token_budget: int = 4096
-  # Decode runs on the live slots padded to a power-of-two batch (>= min_decode_batch) and attends
-  # over a power-of-two span (>= min_decode_span) of the longest live context; every such shape is
-  # compiled by `Engine.warmup`, so fewer buckets start faster and finer ones waste less per step.
+  # Decode runs on the live slots padded to a batch bucket (powers of two and the halfway points
+  # between them, >= min_decode_batch), each row attending over the power-of-two span
+  # (>= min_decode_span) that holds its own context; `Engine.warmup` compiles one decode program
+  # per batch bucket (each holds every span), so fewer buckets start faster.
   min_decode_batch: int = 1
   min_decode_span: int = 64
   # Decode steps per device call (SGLang's `num_continuous_decode_steps`): the block's steps run in

@@ -433,8 +433,7 @@ class Engine:
       steps = max(1, min(self.config.num_continuous_decode_steps,
                          self.context_length + 1 - longest))
       tokens, logprobs, (top_ids, top_lps) = self.runner.decode(
-          [slot for slot, _ in running], longest, top_n=self._top_n([r for _, r in running]),
-          steps=steps)
+          [slot for slot, _ in running], top_n=self._top_n([r for _, r in running]), steps=steps)
     except Exception as error:  # noqa: BLE001 - the slots are rebuilt; the engine goes on
       self._decode_failed(error)
       return
@@ -442,7 +441,7 @@ class Engine:
     self.stats.decode_s += time.perf_counter() - start
     self.stats.decode_steps += steps
     self.stats.decode_calls += 1
-    self.stats.computed_slot_steps += self.runner.decode_bucket(len(running), longest)[0] * steps
+    self.stats.computed_slot_steps += self.runner.decode_batch(len(running)) * steps
     for i, (slot, request) in enumerate(running):
       for j in range(steps):
         if request.done:  # it ended earlier in the block: the rest of its tokens are dropped

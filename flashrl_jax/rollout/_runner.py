@@ -11,9 +11,12 @@ prefill shape (it was half of each program's compile time).
 
 Prefill runs on a small group of prompts padded to a (group, length) bucket, on a fresh model cache
 of the bucket's length, and copies it into the chosen slots (`SlotCache.insert_prefill`). Decode
-runs the live slots only: the scheduler passes their slot indices padded to a batch bucket (a power
-of two) and a span bucket (a power of two >= the longest live context; each row attends over its own
-bucket inside it), so a step costs what the live requests need, whatever slots they sit in. One
+runs the live slots only: the scheduler passes their slot indices padded to a batch bucket (powers of
+two and the halfway points between them, `bucket_ladder`), and each row attends over the smallest
+power-of-two span bucket that holds its own context, so a step costs what the live requests need,
+whatever slots they sit in. Decode programs are compiled per batch bucket only: each holds every
+span bucket as a branch its rows choose on the device (compiling one program per (batch, longest
+span) pair as well built each span's branches again in every larger span's program). One
 decode call runs up to `decode_block` steps in one program (forward, sampling and the next step's
 input on the device, SGLang's `num_continuous_decode_steps`): at the small batches of a CPU server
 most of a step is the fixed cost of a call, which the block pays once (hidden 64, 2 layers, 8 live
@@ -88,6 +91,23 @@ def pow2_buckets(lo: int, hi: int) -> list[int]:
   return out + [hi]
 
 
+def bucket_ladder(lo: int, hi: int) -> list[int]:
+  """Powers of two and the halfway points between them (1, 2, 3, 4, 6, 8, 12, 16, 24, ...) from `lo`
+  (rounded up to one of them) below `hi`, then `hi` itself.
+
+  Why the halfway points for decode batches: a batch is padded up to its bucket, and with powers of
+  two alone 9-15 live requests computed 16 rows (the hidden-256 engine, one core: 5.7 ms a step at
+  24 live padded to 32, 4.8 ms with a bucket of 24).
+  """
+  out, n = [], 1
+  while n < hi:
+    for candidate in (n, n + n // 2) if n >= 2 else (n,):
+      if lo <= candidate < hi:
+        out.append(candidate)
+    n *= 2
+  return out + [hi]
+
+
 class Runner:
   """Holds the model on the rollout mesh and runs prefill/decode on the slot state."""
 
@@ -120,11 +140,11 @@ class Runner:
     self._rows = RowSampling.host([], rows)  # each slot's sampling options
     self._batch_rows: tuple[tuple[int, ...], RowSampling] | None = None  # last decode batch's
     # The shapes a step can have: decode batches and spans, prefill groups and lengths.
-    self.decode_sizes = pow2_buckets(min(min_decode_batch, num_slots), num_slots)
+    self.decode_sizes = bucket_ladder(min(min_decode_batch, num_slots), num_slots)
     self.decode_spans = pow2_buckets(min(min_decode_span, context_length), context_length)
     self.prefill_groups = pow2_buckets(1, _pow2_at_least(max_prefill_batch))
     self.prefill_lengths = pow2_buckets(min(min_prefill_len, context_length), context_length)
-    self._decode = jax.jit(self._decode_impl, donate_argnums=(1,), static_argnums=(8, 9))
+    self._decode = jax.jit(self._decode_impl, donate_argnums=(1,), static_argnums=(8,))
     self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1,))
     self._sample = jax.jit(sample_with_top, static_argnums=(3,))
 
@@ -214,22 +234,20 @@ class Runner:
     self._tokens[slot_ids], self._steps[slot_ids] = new_tokens, step_arr + 1
     return new_tokens[:n], logprobs[:n], (ids[:n], lps[:n])
 
-  def decode_bucket(self, num_live: int, longest: int) -> tuple[int, int]:
-    """The (batch, span) bucket of a decode step over `num_live` requests whose longest holds
-    `longest` tokens (prompt + generated, the last one not yet cached)."""
-    return (next(n for n in self.decode_sizes if n >= num_live),
-            next(n for n in self.decode_spans if n >= longest))
+  def decode_batch(self, num_live: int) -> int:
+    """The batch bucket a decode step over `num_live` requests is padded to."""
+    return next(n for n in self.decode_sizes if n >= num_live)
 
-  def decode(self, slots: Sequence[int], longest: int, top_n: int = 0, steps: int = 1
+  def decode(self, slots: Sequence[int], top_n: int = 0, steps: int = 1
              ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """`steps` tokens (1..`decode_block`) for each of `slots`, each step's output the next one's
-    input (their requests hold at most `longest` tokens, the last one not yet cached; the cache must
-    hold `longest + steps - 1` positions). Returns `[steps, len(slots)]` tokens and log-probs and
-    the `top_n` most likely candidates `[steps, len(slots), top_n]`. A request that ends inside the
-    block (stop token, length) has its later tokens computed too: the caller drops them."""
+    input (the caller keeps every request's last position, `steps - 1` past its cached length,
+    inside the cache). Returns `[steps, len(slots)]` tokens and log-probs and the `top_n` most
+    likely candidates `[steps, len(slots), top_n]`. A request that ends inside the block (stop
+    token, length) has its later tokens computed too: the caller drops them."""
     if not 1 <= steps <= self.decode_block:
       raise ValueError(f"steps must be in 1..{self.decode_block}, got {steps}.")
-    size, span = self.decode_bucket(len(slots), longest + steps - 1)
+    size = self.decode_batch(len(slots))
     batch = np.full(size, self.num_slots, np.int32)  # padding rows: the spare row
     batch[:len(slots)] = slots
     key = tuple(batch.tolist())
@@ -238,7 +256,7 @@ class Runner:
     step_counts = self._steps[batch]
     self.cache, out = self._decode(self._leaves, self.cache, batch, self._tokens[batch],
                                    np.int32(len(slots)), step_counts, self._batch_rows[1],
-                                   np.int32(steps), span, top_n)
+                                   np.int32(steps), top_n)
     n = len(slots)
     tokens, logprobs, ids, lps = jax.device_get(out)
     self._tokens[batch[:n]] = tokens[steps - 1, :n]
@@ -247,8 +265,8 @@ class Runner:
 
   def warmup(self, prefill_token_budget: int | None = None) -> int:
     """Compiles every program a step can run: each prefill (group, length) bucket a scheduler
-    with this token budget can form (one prompt always fits) and each decode (batch, span)
-    bucket; returns how many shapes ran.
+    with this token budget can form (one prompt always fits) and each decode batch bucket;
+    returns how many shapes ran.
 
     Dummy rows target the spare row, so live slots are untouched (only the spare's KV changes).
     """
@@ -259,12 +277,11 @@ class Runner:
           continue
         self.prefill([[0] * length] * g, [self.num_slots] * g, [(Sampling(), 0, ())] * g, [0] * g)
         ran += 1
-    for size in self.decode_sizes:
+    for size in self.decode_sizes:  # one program per batch bucket, whatever the steps per call
       spare, idle = np.full(size, self.num_slots, np.int32), RowSampling.host([], size)
-      for span in self.decode_spans:  # one program per shape, whatever the steps per call
-        self.cache, _ = self._decode(self._leaves, self.cache, spare, spare, np.int32(0),
-                                     np.zeros(size, np.int32), idle, np.int32(1), span, 0)
-        ran += 1
+      self.cache, _ = self._decode(self._leaves, self.cache, spare, spare, np.int32(0),
+                                   np.zeros(size, np.int32), idle, np.int32(1), 0)
+      ran += 1
     jax.block_until_ready(self.cache)
     return ran
 
@@ -290,11 +307,11 @@ class Runner:
 
   def _decode_impl(self, params: list[jax.Array], cache: SlotCache, slots: jax.Array,
                    tokens: jax.Array, num_live: jax.Array, step_counts: jax.Array,
-                   rows: RowSampling, steps: jax.Array, span: int, top_n: int
+                   rows: RowSampling, steps: jax.Array, top_n: int
                    ) -> tuple[SlotCache, tuple[jax.Array, ...]]:
     """`steps` (<= `decode_block`) decode steps of batch rows `slots` `[b]` (the first `num_live`
-    are requests, the rest pad with the spare row), starting from input `tokens` `[b]`, attending
-    over cache positions `[0, span)`; each step samples the next input. Returns the cache and
+    are requests, the rest pad with the spare row), starting from input `tokens` `[b]`, each row
+    attending over its own span bucket; each step samples the next input. Returns the cache and
     `[decode_block, b]` tokens and log-probs, `[decode_block, b, top_n]` candidates (rows past
     `steps` are zeros)."""
     model = nnx.merge(self.graphdef, jax.tree.unflatten(self._treedef, params))
@@ -304,7 +321,8 @@ class Runner:
     def step(i, carry):
       cache, tokens, (out_tokens, out_lps, out_ids, out_top) = carry
       hidden, view = model.extend(tokens[:, None], advance,
-                                  cache.view(slots, span, tuple(self.decode_spans)))
+                                  cache.view(slots, self.context_length,
+                                             tuple(self.decode_spans)))
       cache = self._constrain(view.commit(cache))
       new, lps, (ids, top) = sample_with_top(model.logits(hidden[:, 0]), rows, step_counts + i,
                                              top_n)

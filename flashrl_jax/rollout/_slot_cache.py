@@ -2,9 +2,9 @@
 
 Why this layout: a decode step runs on the live requests only, wherever their slots are. It names
 them with an index vector (`rows`, padded to a batch bucket with the spare row), attends row by row
-over each one's own span bucket, read in place (the program is compiled for `span`, a power-of-two
-bucket of the longest live context, and each row reads the smallest bucket that holds its own
-context), and scatters each new key/value in place on the donated buffer. So the cost of a step
+over each one's own span bucket, read in place (the view covers `span` positions, the runner's
+whole context, and each row reads the smallest bucket that holds its own context, chosen on the
+device), and scatters each new key/value in place on the donated buffer. So the cost of a step
 follows the live work, and nothing is moved or copied when the live set changes (the old design
 packed live requests into a prefix of the slots, and writing that prefix back copied the whole cache
 every step). One scatter per layer: per-row `dynamic_update_slice`s compiled 2-4x slower at 8-32

@@ -44,10 +44,10 @@ _TP = flags.DEFINE_integer("tp", 1, "Tensor-parallel devices (the rollout mesh's
 _MAX_PREFILL_BATCH = flags.DEFINE_integer("max_prefill_batch", 4, "Prompts per prefill call.")
 _MIN_PREFILL_LEN = flags.DEFINE_integer("min_prefill_len", 16, "Smallest prefill length bucket.")
 _MIN_DECODE_BATCH = flags.DEFINE_integer("min_decode_batch", 1,
-                                         "Smallest decode batch bucket (powers of two up to the "
-                                         "slots).")
+                                         "Smallest decode batch bucket (powers of two and the "
+                                         "halfway points between them, up to the slots).")
 _MIN_DECODE_SPAN = flags.DEFINE_integer("min_decode_span", 64,
-                                        "Smallest attention span bucket of a decode step (powers "
+                                        "Smallest attention span bucket of a decode row (powers "
                                         "of two up to the context length).")
 _DECODE_STEPS = flags.DEFINE_integer(
     "num_continuous_decode_steps", EngineConfig.num_continuous_decode_steps,
