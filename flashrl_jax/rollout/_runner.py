@@ -96,7 +96,7 @@ def bucket_ladder(lo: int, hi: int) -> list[int]:
   (rounded up to one of them) below `hi`, then `hi` itself.
 
   Why the halfway points for decode batches: a batch is padded up to its bucket, and with powers of
-  two alone 9-15 live requests computed 16 rows (the hidden-256 engine, one core: 5.7 ms a step at
+  two alone 17-24 live requests computed 32 rows (the hidden-256 engine, one core: 5.7 ms a step at
   24 live padded to 32, 4.8 ms with a bucket of 24).
   """
   out, n = [], 1
