@@ -139,7 +139,8 @@ class Runner:
     self._steps = np.zeros(rows, np.int32)  # tokens generated so far (the sampler's counter)
     self._rows = RowSampling.host([], rows)  # each slot's sampling options
     self._batch_rows: tuple[tuple[int, ...], RowSampling] | None = None  # last decode batch's
-    # The shapes a step can have: decode batches and spans, prefill groups and lengths.
+    # The shapes a step can have: decode batches, prefill groups and lengths; and the span
+    # buckets a decode row may attend over (branches inside each decode program, not shapes).
     self.decode_sizes = bucket_ladder(min(min_decode_batch, num_slots), num_slots)
     self.decode_spans = pow2_buckets(min(min_decode_span, context_length), context_length)
     self.prefill_groups = pow2_buckets(1, _pow2_at_least(max_prefill_batch))
