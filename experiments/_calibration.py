@@ -411,6 +411,10 @@ async def _measure(config: RunConfig, place: Layout, urls: list[str],
       stream = await bench.stream(urls, groups, decode)
       decode = {**decode, "request_batch_s": decode["request_s"],
                 "request_s": stream["request_s"], "stream": stream}
+    else:  # as a sync run's steps admit them: a batch after each idle handoff (`_Bench.rounds`)
+      rounds = await bench.rounds(urls, groups, decode)
+      decode = {**decode, "request_batch_s": decode["request_s"],
+                "request_s": rounds["request_s"], "rounds": rounds}
     rollout = {"workers": bench.workers, "slots": bench.slots, "length_groups": groups,
                "prompt_tokens": prompt_tokens, **decode,
                "handoff": await bench.handoff(), "reward_s": await bench.reward()}

@@ -120,6 +120,31 @@ class Arrivals:
     return {"request_s": median(per_request), "raw_request_s": per_request, "periods": periods,
             "contention": contention(cpu_before, cpu_times(servers))}
 
+  async def rounds(self, urls: list[str], groups: list[list[int]], decode: dict[str, Any],
+                   seconds: float = 3.0) -> dict[str, Any]:
+    """The requests as a sync run makes them: each round, a handoff to idle servers
+    (`Fleet.publish(idle=True)`, as a sync step's), then B groups released together and all of
+    them awaited before the next round. Per window the servers' CPU time beyond the static table's
+    decode steps, per request (`stream_request_s`), as `sim_vs_measured` measures a run's, and the
+    servers' CPU contention over the rounds (the client's loop scores and tokenizes on the
+    servers' cores as a sync run's controller does).
+
+    Why not the decode batches' fitted intercept: that slope of wall times came out 0.37-0.97 ms
+    a request on the long-tail servers and 0.73-1.17 ms on the balanced ones over six passes of
+    2026-11-27, where the runs' servers spent 0.67-1.30 and 0.65-0.89 ms (every balanced sync run
+    under-predicted)."""
+    rng = np.random.default_rng(2)
+    table = (decode["decode_active"], decode["decode_step_s"])
+    servers = processes(os.getpid())[1]
+    await self._rounds_for(0.5, groups, rng)  # warm
+    cpu_before = cpu_times(servers)
+    per_request = []
+    for _ in range(self.reps):
+      w = await _window(urls, servers, self._rounds_for(seconds, groups, rng))
+      per_request.append(stream_request_s(w.server_s, w.before, w.after, *table, w.result))
+    return {"request_s": median(per_request), "raw_request_s": per_request,
+            "contention": contention(cpu_before, cpu_times(servers))}
+
   def stream_lanes(self) -> int:
     """Lanes (groups in flight) that fill every slot of the servers."""
     return max(1, self.slots * self.workers // self.config.group_size)
@@ -156,6 +181,17 @@ class Arrivals:
         max_new_tokens=max(int(length), 1), ignore_eos=True,
         temperature=self.config.rollout.temperature), sample) for length in lengths))
     return len(lengths)
+
+  async def _rounds_for(self, seconds: float, groups, rng) -> int:
+    """Sync rounds for `seconds` (the last one finished): a handoff to idle servers, then B
+    groups at once, all awaited; returns the requests made."""
+    end, requests = time.perf_counter() + seconds, 0
+    while time.perf_counter() < end:
+      await self.fleet.publish(self.config.model_path, self.fleet.version + 1, idle=True)
+      made = await asyncio.gather(*(self._group(groups, rng)
+                                    for _ in range(self.config.batch_size)))
+      requests += sum(made)
+    return requests
 
   async def _bursts_for(self, period: float, seconds: float, groups, rng, *,
                         handoffs: bool = False) -> int:

@@ -87,3 +87,42 @@ def fit_train(tokens, seconds) -> tuple[tuple[int, int], list[float]]:
   intercept = float(np.median(s - slope * t))
   lo, hi = int(t.min()), max(int(t.max()), int(t.min()) + 1)
   return (lo, hi), [max(intercept + slope * x, 0.0) for x in (lo, hi)]
+
+
+def blended(before: dict, after: dict, weight: float) -> dict:
+  """Two calibrations of one layout, taken before and after a regime's runs, as a run `weight` of
+  the way between them sees the machine (0: before, 1: after): each measured number moves
+  linearly from one to the other (dicts key by key, lists of equal length entry by entry); a number
+  measured the same both times, a string, and anything the two do not both hold keep `before`'s.
+  The length groups are both samples of the one initial policy: they are pooled, not blended.
+
+  Why: a pass on this shared machine takes half an hour and the machine's speed drifts within it
+  (docs/simulator.md); the calibrations on either side of the runs bracket that drift, as a
+  measurement bracketed by two standards."""
+  if not 0.0 <= weight <= 1.0:
+    raise ValueError(f"weight must be in [0, 1], got {weight}")
+  out = _blend(before, after, weight)
+  ro_before, ro_after = before.get("rollout", {}), after.get("rollout", {})
+  if "length_groups" in ro_before and "length_groups" in ro_after:
+    out["rollout"]["length_groups"] = ro_before["length_groups"] + ro_after["length_groups"]
+  return out
+
+
+def _blend(before, after, weight: float):
+  if isinstance(before, bool) or isinstance(after, bool):
+    return before
+  if isinstance(before, (int, float)) and isinstance(after, (int, float)):
+    return before if before == after else before + weight * (after - before)
+  if isinstance(before, dict) and isinstance(after, dict):
+    return {k: _blend(v, after[k], weight) if k in after else v for k, v in before.items()}
+  if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+    return [_blend(b, a, weight) for b, a in zip(before, after)]
+  return before
+
+
+def bracket_weight(start: float, end: float, before: float, after: float) -> float:
+  """Where a run from `start` to `end` sits between calibrations centred at `before` and `after`
+  (all wall-clock seconds): its midpoint's fraction of the way, clipped to [0, 1]."""
+  if after <= before:
+    raise ValueError("the second calibration must come after the first")
+  return float(np.clip(((start + end) / 2 - before) / (after - before), 0.0, 1.0))

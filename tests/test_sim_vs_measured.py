@@ -54,6 +54,45 @@ def test_sync_prediction_is_the_hand_computed_step():
   assert sim.simulate(slower, seed=0).samples_per_s == pytest.approx(16 / step, rel=1e-6)
 
 
+def test_bracketing_calibrations_move_each_cost_with_the_machine_and_pool_the_lengths():
+  # Tried: the calibration before the runs and the one after, with every cost of the second 1.5x
+  # (train 3x) and its policy's responses 10 tokens longer.
+  before = _calibration_of(length=50, step_s=0.004, train_s=0.1)
+  after = _calibration_of(length=60, step_s=0.006, train_s=0.3)
+  after["rollout"]["handoff"]["idle"]["load_s"] = 0.08
+  after["rollout"]["note"] = "only in the second"
+  mid = _calibration_fits.blended(before, after, 0.25)
+  assert mid["rollout"]["decode_step_s"] == pytest.approx([0.0045, 0.0045])
+  assert mid["trainer"]["alone"]["train_s"] == pytest.approx([0.15, 0.15])
+  assert mid["rollout"]["handoff"]["idle"]["load_s"] == pytest.approx(0.0575)
+  assert mid["rollout"]["workers"] == 2 and isinstance(mid["rollout"]["workers"], int)
+  assert mid["rollout"]["decode_active"] == [1, 8]
+  assert "note" not in mid["rollout"]  # what only one of the two measured is not invented
+  # Both samples of the one initial policy: six groups, three of each length, never 52.5 tokens.
+  assert sorted(g[0] for g in mid["rollout"]["length_groups"]) == [50] * 3 + [60] * 3
+  assert _calibration_fits.blended(before, after, 1.0)["rollout"]["decode_step_s"] == [0.006] * 2
+  assert before["rollout"]["decode_step_s"] == [0.004] * 2  # the inputs are left as they were
+  with pytest.raises(ValueError, match="weight"):
+    _calibration_fits.blended(before, after, 1.5)
+  # The blended calibration is the simulated run's: the sync step at the costs halfway.
+  same = _calibration_of(length=50, step_s=0.008, train_s=0.7)
+  halfway = _calibration_fits.blended(_calibration_of(length=50, step_s=0.004, train_s=0.5),
+                                      same, 0.5)
+  config = sim_vs_measured.sim_config(halfway, "sync", 0, batch_size=4, group_size=4,
+                                      pause_mode=PauseMode.ABORT, steps=6, warmup=2)
+  step = 50 * 0.006 + 0.03 + 0.6 + 0.1 + 0.07
+  assert sim.simulate(config, seed=0).samples_per_s == pytest.approx(16 / step, rel=1e-6)
+
+
+def test_a_run_sits_between_its_calibrations_by_its_midpoint():
+  weight = _calibration_fits.bracket_weight
+  assert weight(140.0, 160.0, before=100.0, after=300.0) == pytest.approx(0.25)
+  assert weight(0.0, 50.0, before=100.0, after=300.0) == 0.0  # before the first: the first's
+  assert weight(400.0, 500.0, before=100.0, after=300.0) == 1.0
+  with pytest.raises(ValueError):
+    weight(140.0, 160.0, before=300.0, after=300.0)
+
+
 def test_async_prediction_uses_the_async_layout_and_the_bound():
   cal = _calibration_of(length=50, step_s=0.004, train_s=0.05)
   config = sim_vs_measured.sim_config(cal, "async", 2, batch_size=4, group_size=4,
@@ -257,6 +296,51 @@ def test_bursts_release_a_batch_of_groups_after_each_handoff_and_wait_for_them()
   assert [v for _, v in published] == [8, 9, 10]  # each handoff the next version the fleet lacks
   assert waited >= 0.2 + 0.15  # every request of the last burst came back
   assert {tokens for _, tokens in sent} <= {3, 9, 40, 44}  # the policy's own groups' lengths
+
+
+def test_sync_rounds_hand_over_to_idle_servers_then_await_a_whole_batch():
+  bench = object.__new__(_calibration._Bench)
+  bench.config = _calibration.load_config(str(REPO / "experiments/configs/bench_rlvr_longtail.py"))
+  bench.prompts, bench._count = [object()] * 5, 0
+  events = []  # ("publish" | "send" | "done", time)
+
+  async def one(sampling, sample=None, prompt_tokens=None):
+    events.append(("send", time.perf_counter()))
+    await asyncio.sleep(0.05 if sampling.max_new_tokens < 10 else 0.12)  # a long tail
+    events.append(("done", time.perf_counter()))
+    return sampling.max_new_tokens
+
+  class Fleet:
+    version = 3
+
+    async def publish(self, path, version, idle=False):
+      assert idle and version == self.version + 1  # as a sync step's handoff
+      events.append(("publish", time.perf_counter()))
+      self.version = version
+
+  bench.one, bench.fleet = one, Fleet()
+  b, n = bench.config.batch_size, bench.config.group_size
+  requests = asyncio.run(bench._rounds_for(0.2, [[3, 9], [40, 44]], np.random.default_rng(0)))
+  publishes = [t for kind, t in events if kind == "publish"]
+  assert len(publishes) >= 2 and requests == len(publishes) * b * n
+  for k, start in enumerate(publishes):  # each round: every request sent after its handoff, and
+    # the next handoff only after the round's last request is back (the batch barrier)
+    end = publishes[k + 1] if k + 1 < len(publishes) else float("inf")
+    sent = [t for kind, t in events if kind == "send" and start <= t < end]
+    done = [t for kind, t in events if kind == "done" and start <= t <= end]
+    assert len(sent) == len(done) == b * n
+
+
+def test_sync_servers_are_referenced_at_the_contention_of_the_calibrations_rounds():
+  # The sync rounds are priced in the servers' CPU time beside the client scoring on their cores,
+  # as a sync run's controller does: a sync run is compared with the rounds' contention (1.4),
+  # not the static decode batches' (1.1); a calibration without rounds keeps the batches'.
+  Contention = sim_vs_measured.Contention
+  cal = _calibration_of(length=50, step_s=0.004, train_s=0.1)
+  cal["rollout"]["contention"], cal["trainer"]["alone"]["contention"] = 1.1, 1.05
+  assert sim_vs_measured.reference_contention(cal, "sync") == Contention(1.1, 1.05)
+  cal["rollout"]["rounds"] = {"request_s": 0.0007, "contention": 1.4}
+  assert sim_vs_measured.reference_contention(cal, "sync") == Contention(1.4, 1.05)
 
 
 def test_a_stream_counts_every_lanes_requests():

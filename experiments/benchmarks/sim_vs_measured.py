@@ -78,6 +78,10 @@ _REPEATS = flags.DEFINE_integer(
     "repeats", 1, "Real runs per mode (interleaved); with more than one, each mode's median "
     "prediction is also compared with its median measurement (a single run on a shared machine "
     "varies by more than the target error: docs/simulator.md).")
+_BRACKET = flags.DEFINE_bool(
+    "bracket", True, "Calibrate each layout again after a regime's runs and predict each run from "
+    "the two calibrations blended at its time (the machine's speed drifts within a pass); false: "
+    "from the calibration before the runs only.")
 _OUT = flags.DEFINE_string("out", None, "Directory for runs and calibrations (default: temp).")
 
 
@@ -158,8 +162,11 @@ def reference_contention(calibration: dict, mode: str, overlap: Overlap | None =
                          ) -> Contention:
   """The contention the calibrated costs stand for, as a run with `overlap` would meet it.
 
-  Sync: the decode's and the train step's, measured alone (a sync run's phases do not overlap);
-  so is an async calibration that measured no interference (written before 2026-11-26 for 1+1).
+  Sync: the servers' over the calibration's sync rounds where there are some (since 2026-11-28:
+  a batch of groups after each idle handoff, the client scoring on the servers' cores as a sync
+  run's controller does; before, the decode's), and the train step's, measured alone (a sync
+  run's phases do not overlap); so is an async calibration that measured no interference
+  (written before 2026-11-26 for 1+1).
   Async: the servers' contention is the one measured over the calibration's steady stream of
   requests where there is one (a server's HTTP, engine and XLA threads wait for one another on its
   core in a stream, and the stream's table already charges that); the trainer shares
@@ -171,8 +178,9 @@ def reference_contention(calibration: dict, mode: str, overlap: Overlap | None =
   then leaves the background load only."""
   ro, tr = calibration["rollout"], calibration["trainer"]
   alone = Contention(ro["contention"], tr["alone"]["contention"])
-  if mode == "sync":
-    return alone
+  if mode == "sync":  # the servers as a sync run keeps them: rounds of a batch after a handoff
+    rounds = ro.get("rounds")
+    return alone if rounds is None else Contention(rounds["contention"], alone.trainer)
   arrivals = ro.get("bursts", ro.get("stream"))
   if arrivals is not None:  # the servers as an async run keeps them: requests arriving
     alone = Contention(arrivals["contention"], alone.trainer)
@@ -336,23 +344,55 @@ def mode_name(mode: str) -> str:
   return "sync" if mode == "sync" else f"async α={int(mode)}"
 
 
-def predict_run(path: str, regime: str, mode: str, repeat: int, calibrations: dict, out: str,
-                steps: int, warmup: int) -> dict:
-  """Runs one mode of `regime` for real, predicts it from its layout's calibration, prints the
-  row and returns it."""
+@dataclasses.dataclass(frozen=True)
+class MeasuredRun:
+  """One mode of a regime run for real: where it ran, what `run` read of it, and when (wall-clock
+  seconds, to place it between the calibrations that bracket it)."""
+
+  regime: str
+  mode: str  # a `--modes` entry: "sync" or α
+  repeat: int
+  workdir: str
+  info: dict
+  start: float
+  end: float
+
+  @property
+  def layout(self) -> str:
+    return "sync" if self.mode == "sync" else "async"
+
+  @property
+  def alpha(self) -> int:
+    return 0 if self.mode == "sync" else int(self.mode)
+
+
+def measure_mode(path: str, regime: str, mode: str, repeat: int, out: str, steps: int,
+                 warmup: int) -> MeasuredRun:
+  """Runs one mode of `regime` for real and prints its throughput."""
   alpha = 0 if mode == "sync" else int(mode)
-  name, layout = mode_name(mode), "sync" if mode == "sync" else "async"
+  layout = "sync" if mode == "sync" else "async"
   workdir = os.path.join(out, f"{regime}_{'sync' if mode == 'sync' else f'async_a{alpha}'}"
                                + (f"_r{repeat}" if repeat else ""))
-  config = _calibration.load_config(path, mode=layout, async_ratio=alpha)
+  start = time.time()
   info = run(path, workdir, layout, alpha, steps, warmup)
+  end = time.time()
   with open(os.path.join(workdir, "run.json"), "w") as f:  # to re-predict from, offline
-    json.dump(info, f, indent=1)
-  cal = calibrations[layout]
-  # The run's CPU contention over its timed steps, against the calibration's.
-  contention = Contention(info["contention"]["rollout"], info["contention"]["trainer"])
-  knobs = (layout, alpha, config.batch_size, config.group_size, config.rollout.pause_mode,
-           steps, warmup)
+    json.dump({**info, "start": start, "end": end}, f, indent=1)
+  print(f"{regime:>9} {mode_name(mode):<10} r{repeat} measured "
+        f"{measured(workdir, warmup)['samples_per_s']:7.2f} samples/s (load "
+        f"{info['loadavg'][0]:.1f}-{info['loadavg'][1]:.1f}, {end - start:.0f}s)", flush=True)
+  return MeasuredRun(regime, mode, repeat, workdir, info, start, end)
+
+
+def predicted_samples_per_s(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
+                            ) -> dict:
+  """A run's prediction from calibration `cal` alone, its costs rescaled to the CPU contention the
+  run met (async: against the reference the prediction's own overlap implies); beside it the
+  predictions rescaled by the alone contention only and not rescaled at all."""
+  config = _calibration.load_config(path, mode=done.layout, async_ratio=done.alpha)
+  contention = Contention(done.info["contention"]["rollout"], done.info["contention"]["trainer"])
+  knobs = (done.layout, done.alpha, config.batch_size, config.group_size,
+           config.rollout.pause_mode, steps, warmup)
 
   def predict(slowdown: Contention) -> list[sim.SimResult]:
     simulated = sim_config(cal, *knobs, rollout_slowdown=slowdown.servers,
@@ -364,21 +404,35 @@ def predict_run(path: str, regime: str, mode: str, repeat: int, calibrations: di
   alone_ref = reference_contention(cal, "sync")
   alone_only = predict(contention / alone_ref)
   results, slowdown = alone_only, contention / alone_ref
-  if mode != "sync":
+  if done.layout != "sync":
     results, slowdown = rescaled_prediction(cal, contention, predict, Overlap.of(unscaled))
-  predicted = float(np.mean([r.samples_per_s for r in results]))
-  raw = float(np.mean([r.samples_per_s for r in unscaled]))
-  old = float(np.mean([r.samples_per_s for r in alone_only]))
-  got = measured(workdir, warmup)
+
+  def mean(rs: list[sim.SimResult]) -> float:
+    return float(np.mean([r.samples_per_s for r in rs]))
+
+  return {"predicted": mean(results), "predicted_raw": mean(unscaled),
+          "predicted_alone_ref": mean(alone_only), "results": results, "slowdown": slowdown,
+          "slowdown_alone_ref": contention / alone_ref}
+
+
+def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int,
+                weight: float | None = None, first: dict | None = None) -> dict:
+  """Predicts a measured run from calibration `cal` (with brackets: the two calibrations blended
+  at `weight`, and `first`, the calibration before the runs alone, printed beside it), prints the
+  row and returns it."""
+  p = predicted_samples_per_s(done, path, cal, steps, warmup)
+  results, slowdown = p["results"], p["slowdown"]
+  predicted, raw, old = p["predicted"], p["predicted_raw"], p["predicted_alone_ref"]
+  got = measured(done.workdir, warmup)
+  info, name = done.info, mode_name(done.mode)
 
   def error(x: float) -> float:
     return abs(x - got["samples_per_s"]) / got["samples_per_s"]
 
-  row = {"regime": regime, "mode": name, "repeat": repeat, "measured": got["samples_per_s"],
-         "predicted": predicted, "predicted_raw": raw, "predicted_alone_ref": old,
-         "slowdown": [slowdown.servers, slowdown.trainer],
-         "slowdown_alone_ref": [(contention / alone_ref).servers,
-                                (contention / alone_ref).trainer],
+  row = {"regime": done.regime, "mode": name, "repeat": done.repeat,
+         "measured": got["samples_per_s"], "predicted": predicted, "predicted_raw": raw,
+         "predicted_alone_ref": old, "slowdown": [slowdown.servers, slowdown.trainer],
+         "slowdown_alone_ref": [p["slowdown_alone_ref"].servers, p["slowdown_alone_ref"].trainer],
          "overlap": dataclasses.asdict(Overlap.of(results)),
          "error": error(predicted), "error_raw": error(raw), "error_alone_ref": error(old),
          "train_s": (float(np.mean([r.train_time_s for r in results])), got["train_s"]),
@@ -387,9 +441,16 @@ def predict_run(path: str, regime: str, mode: str, repeat: int, calibrations: di
          "loadavg": info["loadavg"], "run_wall_s": info["wall_s"],
          "servers": info["servers"], "busy_fraction": float(np.mean(
              [r.rollout_busy_fraction for r in results]))}
-  print(f"{regime:>9} {name:<10} r{repeat} measured {row['measured']:7.2f} samples/s | predicted "
-        f"{row['predicted']:7.2f} (error {row['error']:5.1%}); rescaled by the alone "
-        f"contention only {old:7.2f} ({row['error_alone_ref']:5.1%}); without rescaling "
+  bracket = ""
+  if first is not None:
+    before_only = predicted_samples_per_s(done, path, first, steps, warmup)["predicted"]
+    row.update(calibration_weight=weight, predicted_first_only=before_only,
+               error_first_only=error(before_only))
+    bracket = (f" [calibrations blended at {weight:.2f}; from the first alone {before_only:7.2f}"
+               f" ({row['error_first_only']:5.1%})]")
+  print(f"{done.regime:>9} {name:<10} r{done.repeat} measured {row['measured']:7.2f} samples/s | "
+        f"predicted {row['predicted']:7.2f} (error {row['error']:5.1%}){bracket}; rescaled by the "
+        f"alone contention only {old:7.2f} ({row['error_alone_ref']:5.1%}); without rescaling "
         f"{raw:7.2f} ({row['error_raw']:5.1%}) | CPU contention x{slowdown.servers:.2f} "
         f"(servers) x{slowdown.trainer:.2f} (trainer process) of the calibration's (alone only: "
         f"x{row['slowdown_alone_ref'][0]:.2f}, x{row['slowdown_alone_ref'][1]:.2f}; simulated "
@@ -408,6 +469,8 @@ def predict_run(path: str, regime: str, mode: str, repeat: int, calibrations: di
     ro = cal["rollout"]
     calibrated = (f"{ro['stream']['request_s'] * 1e3:.2f} ms in its stream, "
                   f"{ro['request_batch_s'] * 1e3:.2f} ms as a batch" if "stream" in ro else
+                  f"{ro['request_s'] * 1e3:.2f} ms in sync rounds, "
+                  f"{ro['request_batch_s'] * 1e3:.2f} ms fitted to batches" if "rounds" in ro else
                   f"{ro['request_s'] * 1e3:.2f} ms as a batch")
     if "bursts" in ro:
       calibrated += f", {ro['bursts']['request_s'] * 1e3:.2f} ms in bursts after handoffs"
@@ -428,6 +491,48 @@ def ensure_model(config_path: str) -> None:
   subprocess.run([sys.executable, "-c", code, config_path], check=True)
 
 
+LAYOUTS = ("sync", "async")
+
+
+def calibrate_layout(path: str, regime: str, layout: str, out: str, suffix: str) -> dict:
+  """Calibrates one layout of `regime`, saves the calibration beside the runs, prints its numbers
+  and returns it with its wall-clock midpoint (`time_mid`, seconds)."""
+  start = time.time()
+  cal = _calibration.calibrate(path, layout, reps=_REPS.value,
+                               log_dir=os.path.join(out, f"{regime}_calibration_{layout}{suffix}"),
+                               split=_split() if layout == "async" else None)
+  cal["time_mid"] = (start + time.time()) / 2
+  with open(os.path.join(out, f"{regime}_calibration_{layout}{suffix}.json"), "w") as f:
+    json.dump(cal, f, indent=1)
+  ro, tr, inter = cal["rollout"], cal["trainer"]["alone"], cal["interference"]
+  print(f"{regime} calibration{suffix.replace('_', ' ')} ({layout} layout, {cal['wall_s']:.0f}s, load "
+        f"{cal['loadavg'][0]:.1f}-{cal['loadavg'][1]:.1f}, probe {cal['probe_s'] * 1e3:.1f}ms): "
+        f"{ro['workers']} worker(s) x {ro['slots']} slots, decode step "
+        + ", ".join(f"{a}:{s * 1e3:.2f}ms" for a, s in zip(ro["decode_active"],
+                                                          ro["decode_step_s"]))
+        + f" (+{ro.get('decode_context_slope', 0.0) * 100:.2f}%/context token)"
+        + f"; request {ro['request_s'] * 1e3:.2f}ms"
+        + (f" (in a stream; {ro['request_batch_s'] * 1e3:.2f}ms admitted as a batch)"
+           if "stream" in ro else "")
+        + (f" (servers' CPU in sync rounds, contention x{ro['rounds']['contention']:.2f}; "
+           f"{ro['request_batch_s'] * 1e3:.2f}ms fitted to the batches' wall times)"
+           if "rounds" in ro else "")
+        + (f"; request {ro['bursts']['request_s'] * 1e3:.2f}ms in bursts after handoffs "
+           "(async)" if "bursts" in ro else "")
+        + ("; stream step (async) " + ", ".join(
+            f"{a:.1f}:{s * 1e3:.2f}ms" for a, s in zip(ro["stream"]["active"],
+                                                      ro["stream"]["step_s"]))
+           if "step_s" in ro.get("stream", {}) else "")
+        + f" + latency {ro['latency_s'] * 1e3:.1f}ms; "
+        f"train {tr['train_s'][0]:.3f}-{tr['train_s'][1]:.3f}s for {tr['train_tokens'][0]}-"
+        f"{tr['train_tokens'][1]} tokens, export {tr['export_s']:.3f}s; train "
+        f"x{inter['train_beside_rollout']:.2f} beside rollout, rollout "
+        f"x{inter['rollout_beside_train']:.2f} beside training; handoff busy "
+        f"{sum(ro['handoff']['busy'].values()):.3f}s idle {sum(ro['handoff']['idle'].values()):.3f}s",
+        flush=True)
+  return cal
+
+
 def main(argv):
   del argv
   out = _OUT.value or tempfile.mkdtemp(prefix="sim_vs_measured_")
@@ -442,44 +547,28 @@ def main(argv):
       print(f"{regime}: {path} does not exist, skipped", flush=True)
       continue
     ensure_model(path)
-    calibrations = {}
-    for layout in ("sync", "async"):
-      cal = _calibration.calibrate(path, layout, reps=_REPS.value,
-                                   log_dir=os.path.join(out, f"{regime}_calibration_{layout}"),
-                                   split=_split() if layout == "async" else None)
-      calibrations[layout] = cal
-      with open(os.path.join(out, f"{regime}_calibration_{layout}.json"), "w") as f:
-        json.dump(cal, f, indent=1)
-      ro, tr, inter = cal["rollout"], cal["trainer"]["alone"], cal["interference"]
-      print(f"{regime} calibration ({layout} layout, {cal['wall_s']:.0f}s, load "
-            f"{cal['loadavg'][0]:.1f}-{cal['loadavg'][1]:.1f}, probe {cal['probe_s'] * 1e3:.1f}ms): "
-            f"{ro['workers']} worker(s) x {ro['slots']} slots, decode step "
-            + ", ".join(f"{a}:{s * 1e3:.2f}ms" for a, s in zip(ro["decode_active"],
-                                                              ro["decode_step_s"]))
-            + f" (+{ro.get('decode_context_slope', 0.0) * 100:.2f}%/context token)"
-            + f"; request {ro['request_s'] * 1e3:.2f}ms"
-            + (f" (in a stream; {ro['request_batch_s'] * 1e3:.2f}ms admitted as a batch)"
-               if "stream" in ro else "")
-            + (f"; request {ro['bursts']['request_s'] * 1e3:.2f}ms in bursts after handoffs "
-               "(async)" if "bursts" in ro else "")
-            + ("; stream step (async) " + ", ".join(
-                f"{a:.1f}:{s * 1e3:.2f}ms" for a, s in zip(ro["stream"]["active"],
-                                                          ro["stream"]["step_s"]))
-               if "step_s" in ro.get("stream", {}) else "")
-            + f" + latency {ro['latency_s'] * 1e3:.1f}ms; "
-            f"train {tr['train_s'][0]:.3f}-{tr['train_s'][1]:.3f}s for {tr['train_tokens'][0]}-"
-            f"{tr['train_tokens'][1]} tokens, export {tr['export_s']:.3f}s; train "
-            f"x{inter['train_beside_rollout']:.2f} beside rollout, rollout "
-            f"x{inter['rollout_beside_train']:.2f} beside training; handoff busy "
-            f"{sum(ro['handoff']['busy'].values()):.3f}s idle {sum(ro['handoff']['idle'].values()):.3f}s",
-            flush=True)
+    first = {layout: calibrate_layout(path, regime, layout, out, "") for layout in LAYOUTS}
     # Repeats run every mode back to back, reversed on odd repeats (as async_vs_sync interleaves),
     # so a change of the machine's speed meets every mode alike.
+    done = []
     for repeat in range(_REPEATS.value):
       modes = _MODES.value if repeat % 2 == 0 else _MODES.value[::-1]
-      for mode in modes:
-        row = predict_run(path, regime, mode, repeat, calibrations, out, steps, warmup)
-        rows.append(row)
+      done += [measure_mode(path, regime, mode, repeat, out, steps, warmup) for mode in modes]
+    # The second calibrations, after the runs, in reverse order (each layout's two then sit
+    # about as far on either side of its runs).
+    second = ({layout: calibrate_layout(path, regime, layout, out, "_after")
+               for layout in reversed(LAYOUTS)} if _BRACKET.value else {})
+    for measured_run in done:
+      layout = measured_run.layout
+      if not second:
+        rows.append(predict_row(measured_run, path, first[layout], steps, warmup))
+        continue
+      weight = _calibration_fits.bracket_weight(
+          measured_run.start, measured_run.end, first[layout]["time_mid"],
+          second[layout]["time_mid"])
+      cal = _calibration_fits.blended(first[layout], second[layout], weight)
+      rows.append(predict_row(measured_run, path, cal, steps, warmup, weight=weight,
+                              first=first[layout]))
     if _REPEATS.value > 1:
       for mode in _MODES.value:
         name = mode_name(mode)
