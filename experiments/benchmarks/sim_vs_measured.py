@@ -162,11 +162,12 @@ def reference_contention(calibration: dict, mode: str, overlap: Overlap | None =
                          ) -> Contention:
   """The contention the calibrated costs stand for, as a run with `overlap` would meet it.
 
-  Sync: the servers' over the calibration's sync rounds where there are some (since 2026-11-28:
-  a batch of groups after each idle handoff, the client scoring on the servers' cores as a sync
-  run's controller does; before, the decode's), and the train step's, measured alone (a sync
-  run's phases do not overlap); so is an async calibration that measured no interference
-  (written before 2026-11-26 for 1+1).
+  Sync: the decode's and the train step's, measured alone (a sync run's phases do not overlap);
+  so is an async calibration that measured no interference (written before 2026-11-26 for 1+1).
+  Not the sync rounds' (`_Bench.rounds`, which price a sync request in the servers' CPU seconds):
+  the decode table was timed at the decode's contention, and referencing the rounds' (2.1-2.3
+  against the decode's 1.7) under-priced the runs' decode, 6-19% too fast in the first pass
+  (2026-11-28, docs/simulator.md).
   Async: the servers' contention is the one measured over the calibration's steady stream of
   requests where there is one (a server's HTTP, engine and XLA threads wait for one another on its
   core in a stream, and the stream's table already charges that); the trainer shares
@@ -178,9 +179,8 @@ def reference_contention(calibration: dict, mode: str, overlap: Overlap | None =
   then leaves the background load only."""
   ro, tr = calibration["rollout"], calibration["trainer"]
   alone = Contention(ro["contention"], tr["alone"]["contention"])
-  if mode == "sync":  # the servers as a sync run keeps them: rounds of a batch after a handoff
-    rounds = ro.get("rounds")
-    return alone if rounds is None else Contention(rounds["contention"], alone.trainer)
+  if mode == "sync":
+    return alone
   arrivals = ro.get("bursts", ro.get("stream"))
   if arrivals is not None:  # the servers as an async run keeps them: requests arriving
     alone = Contention(arrivals["contention"], alone.trainer)
@@ -514,7 +514,8 @@ def calibrate_layout(path: str, regime: str, layout: str, out: str, suffix: str)
         + f"; request {ro['request_s'] * 1e3:.2f}ms"
         + (f" (in a stream; {ro['request_batch_s'] * 1e3:.2f}ms admitted as a batch)"
            if "stream" in ro else "")
-        + (f" (servers' CPU in sync rounds, contention x{ro['rounds']['contention']:.2f}; "
+        + (f" (servers' CPU in sync rounds, contention x{ro['rounds']['contention']:.2f} against "
+           f"the decode's x{ro['contention']:.2f}; "
            f"{ro['request_batch_s'] * 1e3:.2f}ms fitted to the batches' wall times)"
            if "rounds" in ro else "")
         + (f"; request {ro['bursts']['request_s'] * 1e3:.2f}ms in bursts after handoffs "
