@@ -93,6 +93,26 @@ def test_a_run_sits_between_its_calibrations_by_its_midpoint():
     weight(140.0, 160.0, before=300.0, after=300.0)
 
 
+def test_a_runs_costs_follow_the_machine_probe_of_its_own_cores():
+  from experiments import _machine_probe
+  # Tried: probes before and after a run (core 0 slowed from 20 to 30 ms, core 1 steady at 10),
+  # against a calibration probed at 20 and 10 ms.
+  before = {"machine_probe_s": 15e-3, "machine_probe_per_core": {"0": 20e-3, "1": 10e-3}}
+  after = {"machine_probe_s": 20e-3, "machine_probe_per_core": {"0": 30e-3, "1": 10e-3}}
+  run = _machine_probe.around(before, after)
+  assert run["machine_probe_per_core"] == pytest.approx({"0": 25e-3, "1": 10e-3})
+  calibration = {"machine_probe_s": 15e-3, "machine_probe_per_core": {"0": 20e-3, "1": 10e-3}}
+  assert _machine_probe.speed_ratio(run, calibration, [0]) == pytest.approx(1.25)  # the server's
+  assert _machine_probe.speed_ratio(run, calibration, [1]) == pytest.approx(1.0)  # the trainer's
+  assert _machine_probe.speed_ratio(run, calibration, [0, 1]) == pytest.approx(1.125)
+  assert _machine_probe.speed_ratio({}, calibration, [0]) == 1.0  # a run without probes
+  # A calibration blended from two keeps a probe per core to compare with.
+  later = {**calibration, "machine_probe_per_core": {"0": 30e-3, "1": 20e-3}}
+  mid = _calibration_fits.blended({**_calibration_of(50, 0.004, 0.1), **calibration},
+                                  {**_calibration_of(50, 0.004, 0.1), **later}, 0.5)
+  assert _machine_probe.speed_ratio(run, mid, [0]) == pytest.approx(1.0)
+
+
 def test_async_prediction_uses_the_async_layout_and_the_bound():
   cal = _calibration_of(length=50, step_s=0.004, train_s=0.05)
   config = sim_vs_measured.sim_config(cal, "async", 2, batch_size=4, group_size=4,

@@ -39,6 +39,7 @@ runs>`.
 from __future__ import annotations
 
 import asyncio  # noqa: F401 (the calibration's event loop)
+import contextlib
 import dataclasses
 import json
 import os
@@ -51,7 +52,7 @@ from typing import Callable
 import numpy as np
 from absl import app, flags
 
-from experiments import _calibration, _calibration_fits, _cpu_time
+from experiments import _calibration, _calibration_fits, _cpu_time, _machine_probe
 from experiments._summary import timed_seconds
 from experiments._server_profile import ServerSampler, server_profile
 from flashrl_jax import sim
@@ -82,6 +83,10 @@ _BRACKET = flags.DEFINE_bool(
     "bracket", True, "Calibrate each layout again after a regime's runs and predict each run from "
     "the two calibrations blended at its time (the machine's speed drifts within a pass); false: "
     "from the calibration before the runs only.")
+_PROBE = flags.DEFINE_bool(
+    "machine_probe", True, "Probe the machine's speed with the regime's own engine (an idle "
+    "server per core, a small decode batch) just before and after each calibration and run, and "
+    "rescale each run's costs by its probe over its calibration's (experiments/_machine_probe.py).")
 _OUT = flags.DEFINE_string("out", None, "Directory for runs and calibrations (default: temp).")
 
 
@@ -367,15 +372,19 @@ class MeasuredRun:
 
 
 def measure_mode(path: str, regime: str, mode: str, repeat: int, out: str, steps: int,
-                 warmup: int) -> MeasuredRun:
-  """Runs one mode of `regime` for real and prints its throughput."""
+                 warmup: int, probe: _machine_probe.MachineProbe | None = None) -> MeasuredRun:
+  """Runs one mode of `regime` for real (with `probe`, the machine probed just before and after)
+  and prints its throughput."""
   alpha = 0 if mode == "sync" else int(mode)
   layout = "sync" if mode == "sync" else "async"
   workdir = os.path.join(out, f"{regime}_{'sync' if mode == 'sync' else f'async_a{alpha}'}"
                                + (f"_r{repeat}" if repeat else ""))
+  before = probe.measure() if probe is not None else None
   start = time.time()
   info = run(path, workdir, layout, alpha, steps, warmup)
   end = time.time()
+  if probe is not None:
+    info.update(_machine_probe.around(before, probe.measure()))
   with open(os.path.join(workdir, "run.json"), "w") as f:  # to re-predict from, offline
     json.dump({**info, "start": start, "end": end}, f, indent=1)
   print(f"{regime:>9} {mode_name(mode):<10} r{repeat} measured "
@@ -384,13 +393,23 @@ def measure_mode(path: str, regime: str, mode: str, repeat: int, out: str, steps
   return MeasuredRun(regime, mode, repeat, workdir, info, start, end)
 
 
-def predicted_samples_per_s(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
-                            ) -> dict:
+def predicted_samples_per_s(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int,
+                            use_probe: bool = True) -> dict:
   """A run's prediction from calibration `cal` alone, its costs rescaled to the CPU contention the
-  run met (async: against the reference the prediction's own overlap implies); beside it the
-  predictions rescaled by the alone contention only and not rescaled at all."""
+  run met (async: against the reference the prediction's own overlap implies) and, with
+  `use_probe` and probes on both sides, to the machine's speed around the run against around the
+  calibration; beside it the predictions rescaled by the alone contention only and not rescaled
+  at all."""
   config = _calibration.load_config(path, mode=done.layout, async_ratio=done.alpha)
+  place = cal["placement"]
+  server_cores = sorted({core for cores in place["server_cpus"] for core in cores})
+  machine = (Contention(  # the machine's speed around the run against around the calibration
+      _machine_probe.speed_ratio(done.info, cal, server_cores),
+      _machine_probe.speed_ratio(done.info, cal, place["train_cpus"])) if use_probe else None)
   contention = Contention(done.info["contention"]["rollout"], done.info["contention"]["trainer"])
+  if machine is not None:
+    contention = Contention(contention.servers * machine.servers,
+                            contention.trainer * machine.trainer)
   knobs = (done.layout, done.alpha, config.batch_size, config.group_size,
            config.rollout.pause_mode, steps, warmup)
 
@@ -410,7 +429,7 @@ def predicted_samples_per_s(done: MeasuredRun, path: str, cal: dict, steps: int,
   def mean(rs: list[sim.SimResult]) -> float:
     return float(np.mean([r.samples_per_s for r in rs]))
 
-  return {"predicted": mean(results), "predicted_raw": mean(unscaled),
+  return {"predicted": mean(results), "predicted_raw": mean(unscaled), "machine": machine,
           "predicted_alone_ref": mean(alone_only), "results": results, "slowdown": slowdown,
           "slowdown_alone_ref": contention / alone_ref}
 
@@ -441,6 +460,17 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
          "loadavg": info["loadavg"], "run_wall_s": info["wall_s"],
          "servers": info["servers"], "busy_fraction": float(np.mean(
              [r.rollout_busy_fraction for r in results]))}
+  machine = p["machine"]
+  if machine is not None and "machine_probe_s" in info:
+    unprobed = predicted_samples_per_s(done, path, cal, steps, warmup, use_probe=False)
+    row.update(machine_speed=[machine.servers, machine.trainer],
+               predicted_unprobed=unprobed["predicted"],
+               error_unprobed=error(unprobed["predicted"]))
+    print(f"{done.regime:>9} {name:<10} r{done.repeat} machine probe around the run "
+          f"{info['machine_probe_s'] * 1e3:.1f} ms against the calibration's "
+          f"{cal['machine_probe_s'] * 1e3:.1f} ms: costs x{machine.servers:.3f} (servers' cores) "
+          f"x{machine.trainer:.3f} (trainer's); predicted without it {unprobed['predicted']:7.2f} "
+          f"({row['error_unprobed']:5.1%})", flush=True)
   bracket = ""
   if first is not None:
     before_only = predicted_samples_per_s(done, path, first, steps, warmup)["predicted"]
@@ -494,19 +524,26 @@ def ensure_model(config_path: str) -> None:
 LAYOUTS = ("sync", "async")
 
 
-def calibrate_layout(path: str, regime: str, layout: str, out: str, suffix: str) -> dict:
-  """Calibrates one layout of `regime`, saves the calibration beside the runs, prints its numbers
-  and returns it with its wall-clock midpoint (`time_mid`, seconds)."""
+def calibrate_layout(path: str, regime: str, layout: str, out: str, suffix: str,
+                     probe: _machine_probe.MachineProbe | None = None) -> dict:
+  """Calibrates one layout of `regime` (with `probe`, the machine probed just before and after),
+  saves the calibration beside the runs, prints its numbers and returns it with its wall-clock
+  midpoint (`time_mid`, seconds)."""
+  before = probe.measure() if probe is not None else None
   start = time.time()
   cal = _calibration.calibrate(path, layout, reps=_REPS.value,
                                log_dir=os.path.join(out, f"{regime}_calibration_{layout}{suffix}"),
                                split=_split() if layout == "async" else None)
   cal["time_mid"] = (start + time.time()) / 2
+  if probe is not None:
+    cal.update(_machine_probe.around(before, probe.measure()))
   with open(os.path.join(out, f"{regime}_calibration_{layout}{suffix}.json"), "w") as f:
     json.dump(cal, f, indent=1)
   ro, tr, inter = cal["rollout"], cal["trainer"]["alone"], cal["interference"]
   print(f"{regime} calibration{suffix.replace('_', ' ')} ({layout} layout, {cal['wall_s']:.0f}s, load "
-        f"{cal['loadavg'][0]:.1f}-{cal['loadavg'][1]:.1f}, probe {cal['probe_s'] * 1e3:.1f}ms): "
+        f"{cal['loadavg'][0]:.1f}-{cal['loadavg'][1]:.1f}, probe {cal['probe_s'] * 1e3:.1f}ms"
+        + (f", machine probe {cal['machine_probe_s'] * 1e3:.1f}ms" if "machine_probe_s" in cal
+           else "") + "): "
         f"{ro['workers']} worker(s) x {ro['slots']} slots, decode step "
         + ", ".join(f"{a}:{s * 1e3:.2f}ms" for a, s in zip(ro["decode_active"],
                                                           ro["decode_step_s"]))
@@ -548,17 +585,23 @@ def main(argv):
       print(f"{regime}: {path} does not exist, skipped", flush=True)
       continue
     ensure_model(path)
-    first = {layout: calibrate_layout(path, regime, layout, out, "") for layout in LAYOUTS}
-    # Repeats run every mode back to back, reversed on odd repeats (as async_vs_sync interleaves),
-    # so a change of the machine's speed meets every mode alike.
-    done = []
-    for repeat in range(_REPEATS.value):
-      modes = _MODES.value if repeat % 2 == 0 else _MODES.value[::-1]
-      done += [measure_mode(path, regime, mode, repeat, out, steps, warmup) for mode in modes]
-    # The second calibrations, after the runs, in reverse order (each layout's two then sit
-    # about as far on either side of its runs).
-    second = ({layout: calibrate_layout(path, regime, layout, out, "_after")
-               for layout in reversed(LAYOUTS)} if _BRACKET.value else {})
+    with contextlib.ExitStack() as stack:
+      probe = (stack.enter_context(_machine_probe.MachineProbe(
+          _calibration.load_config(path), os.path.join(out, f"{regime}_probe_servers")))
+          if _PROBE.value else None)
+      first = {layout: calibrate_layout(path, regime, layout, out, "", probe)
+               for layout in LAYOUTS}
+      # Repeats run every mode back to back, reversed on odd repeats (as async_vs_sync
+      # interleaves), so a change of the machine's speed meets every mode alike.
+      done = []
+      for repeat in range(_REPEATS.value):
+        modes = _MODES.value if repeat % 2 == 0 else _MODES.value[::-1]
+        done += [measure_mode(path, regime, mode, repeat, out, steps, warmup, probe)
+                 for mode in modes]
+      # The second calibrations, after the runs, in reverse order (each layout's two then sit
+      # about as far on either side of its runs).
+      second = ({layout: calibrate_layout(path, regime, layout, out, "_after", probe)
+                 for layout in reversed(LAYOUTS)} if _BRACKET.value else {})
     for measured_run in done:
       layout = measured_run.layout
       if not second:

@@ -26,6 +26,7 @@ requests, one core: 0.26 ms per token-step one step per call, 0.14 at 4 per call
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 from typing import Any, Sequence
@@ -36,6 +37,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from flashrl_jax._ladder import halfway_ladder
 from flashrl_jax.model import (MANIFEST, Decoder, ModelConfig, load_hf_state, no_shard, read_config,
                                verify_version)
 from flashrl_jax.rollout._sampling import RowSampling, Sampling, sample_with_top
@@ -92,20 +94,15 @@ def pow2_buckets(lo: int, hi: int) -> list[int]:
 
 
 def bucket_ladder(lo: int, hi: int) -> list[int]:
-  """Powers of two and the halfway points between them (1, 2, 3, 4, 6, 8, 12, 16, 24, ...) from `lo`
-  (rounded up to one of them) below `hi`, then `hi` itself.
+  """The sizes of `halfway_ladder` (1, 2, 3, 4, 6, 8, 12, 16, 24, ...; the trainer's micro-batch
+  counts climb the same one) from `lo` (rounded up to one of them) below `hi`, then `hi` itself.
 
   Why the halfway points for decode batches: a batch is padded up to its bucket, and with powers of
   two alone 17-24 live requests computed 32 rows (the hidden-256 engine, one core: 5.7 ms a step at
   24 live padded to 32, 4.8 ms with a bucket of 24).
   """
-  out, n = [], 1
-  while n < hi:
-    for candidate in (n, n + n // 2) if n >= 2 else (n,):
-      if lo <= candidate < hi:
-        out.append(candidate)
-    n *= 2
-  return out + [hi]
+  below = itertools.takewhile(lambda size: size < hi, halfway_ladder())
+  return [size for size in below if size >= lo] + [hi]
 
 
 class Runner:

@@ -23,6 +23,7 @@ import flax.struct
 import jax
 import numpy as np
 
+from flashrl_jax._ladder import halfway_ladder
 from flashrl_jax.trainer._config import BatchConfig
 
 
@@ -171,7 +172,8 @@ def pack(trajectories: list[Trajectory], config: BatchConfig, num_minibatches: i
 
 def micro_batch_ladder(needed: int) -> list[int]:
   """The micro-batch counts a step may compile for, ascending, up to the first one >= `needed`:
-  powers of two and the halfway points between them (1, 2, 3, 4, 6, 8, 12, 16, ...).
+  `halfway_ladder`'s powers of two and the halfway points between them (1, 2, 3, 4, 6, 8, 12, ...;
+  the rollout engine's decode batches climb the same one).
 
   Why not every count: each is one compilation (seconds on a CPU, all done before step 1). Why not
   powers of two only: a step of 2.1 micro-batches' worth of tokens would compute 4, and the train
@@ -179,11 +181,11 @@ def micro_batch_ladder(needed: int) -> list[int]:
   """
   if needed < 1:
     raise ValueError(f"needed must be >= 1, got {needed}.")
-  counts, power = [1], 2
-  while counts[-1] < needed:
-    counts.extend(c for c in (3 * power // 4, power) if c > counts[-1])
-    power *= 2
-  return counts[:next(i for i, c in enumerate(counts) if c >= needed) + 1]
+  counts = []
+  for count in halfway_ladder():
+    counts.append(count)
+    if count >= needed:
+      return counts
 
 
 def _fill(trajectories, plans, config: BatchConfig, m: int) -> Batch:

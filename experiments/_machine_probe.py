@@ -1,0 +1,92 @@
+"""How fast this shared machine runs the regime's own engine this minute: a probe between runs.
+
+Why: the simulator's calibration and the runs it predicts are minutes apart on a 2-core machine
+whose speed drifts by 10-25% over minutes (2026-11-28: the same long-tail async run made 228 and
+264 samples/s twenty minutes apart; a calibration taken after the runs measured its decode 15%
+slower than the one before (11-19% by live requests), while the runs between them were not). The kernel's contention
+(`experiments._cpu_time`) sees other processes taking our cores, not cores that run slower, and
+the pure-Python load probe (cache-resident work) moved by 1-5% when runs moved by 20%.
+
+So one idle engine server per core, started once per regime with the runs' own model and server
+flags, is sent the same small decode batch just before and just after each calibration and each
+run: the wall time of `concurrent` requests of `tokens` tokens (`ignore_eos`, greedy), the median
+of `reps`, per core (15 batches of 8 x 64 tokens: 0.8 s a probe, repeated probes within 5%
+of one another on an idle machine). The servers wait on a condition variable between probes (no CPU: they do not
+disturb what is measured beside them). A run's costs are rescaled by its probe over its
+calibration's, per side: the servers' cores and the trainer's.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import statistics
+import time
+import urllib.request
+from typing import Any, Sequence
+
+from flashrl_jax.controller import RunConfig, engine_server_args
+from flashrl_jax.fleet import LocalServers
+
+
+class MachineProbe:
+  """Idle engine servers, one pinned to each core, probed on demand (a context manager)."""
+
+  def __init__(self, config: RunConfig, log_dir: str, cores: Sequence[int] | None = None,
+               concurrent: int = 8, tokens: int = 64, reps: int = 15):
+    self.cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
+    self.concurrent, self.tokens, self.reps = concurrent, tokens, reps
+    os.makedirs(log_dir, exist_ok=True)
+    self._servers = LocalServers.start(
+        config.model_path, len(self.cores), cpu_sets=[[c] for c in self.cores], log_dir=log_dir,
+        extra_args=engine_server_args(config))
+    self.measure()  # the first requests compile nothing (warmed up) but touch every page
+
+  def __enter__(self) -> MachineProbe:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._servers.stop()
+
+  def _generate(self, url: str) -> None:
+    body = json.dumps({"input_ids": list(range(3, 19)),
+                       "sampling_params": {"max_new_tokens": self.tokens, "ignore_eos": True,
+                                           "temperature": 0.0}}).encode()
+    request = urllib.request.Request(f"{url}/generate", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+      response.read()
+
+  def _batch_s(self, url: str, pool: concurrent.futures.Executor) -> float:
+    start = time.perf_counter()
+    list(pool.map(self._generate, [url] * self.concurrent))
+    return time.perf_counter() - start
+
+  def measure(self) -> dict[str, Any]:
+    """Median seconds of the probe batch on each core's server (cores in turn, so one core's
+    probe does not slow the other's), and their mean."""
+    per_core = {}
+    with concurrent.futures.ThreadPoolExecutor(self.concurrent) as pool:
+      for core, url in zip(self.cores, self._servers.urls):
+        per_core[core] = statistics.median(self._batch_s(url, pool) for _ in range(self.reps))
+    return {"machine_probe_s": statistics.mean(per_core.values()),
+            "machine_probe_per_core": {str(c): s for c, s in per_core.items()}}
+
+
+def around(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+  """Two probes around one measurement, averaged (per core too)."""
+  return {"machine_probe_s": (before["machine_probe_s"] + after["machine_probe_s"]) / 2,
+          "machine_probe_per_core": {
+              c: (before["machine_probe_per_core"][c] + after["machine_probe_per_core"][c]) / 2
+              for c in before["machine_probe_per_core"]}}
+
+
+def speed_ratio(run: dict[str, Any], calibration: dict[str, Any], cores: Sequence[int]) -> float:
+  """How much slower the machine ran `cores` around a run than around its calibration: the mean
+  of the cores' probe ratios (1 without probes on either side)."""
+  if "machine_probe_per_core" not in run or "machine_probe_per_core" not in calibration:
+    return 1.0
+  ratios = [run["machine_probe_per_core"][str(c)] / calibration["machine_probe_per_core"][str(c)]
+            for c in cores]
+  return statistics.mean(ratios)
