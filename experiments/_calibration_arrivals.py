@@ -129,10 +129,10 @@ class Arrivals:
     servers' CPU contention over the rounds (the client's loop scores and tokenizes on the
     servers' cores as a sync run's controller does).
 
-    Why not the decode batches' fitted intercept: that slope of wall times came out 0.37-0.97 ms
-    a request on the long-tail servers and 0.73-1.17 ms on the balanced ones over six passes of
-    2026-11-27, where the runs' servers spent 0.67-1.30 and 0.65-0.89 ms (every balanced sync run
-    under-predicted)."""
+    Why not the decode batches' fitted intercept: that slope of wall times came out 0.49-0.97 ms
+    a request on the long-tail servers and 0.73-1.17 ms on the balanced ones over the six passes
+    of 2026-11-27 since 21:00, where the runs' servers spent 0.67-1.87 and 0.65-0.89 ms (all twelve
+    balanced sync runs under-predicted, by 3.8-16.5%)."""
     rng = np.random.default_rng(2)
     table = (decode["decode_active"], decode["decode_step_s"])
     servers = processes(os.getpid())[1]

@@ -2,18 +2,18 @@
 
 Why: the simulator's calibration and the runs it predicts are minutes apart on a 2-core machine
 whose speed drifts by 10-25% over minutes (2026-11-28: the same long-tail async run made 228 and
-264 samples/s twenty minutes apart; a calibration taken after the runs measured its decode 15%
-slower than the one before (11-19% by live requests), while the runs between them were not). The kernel's contention
-(`experiments._cpu_time`) sees other processes taking our cores, not cores that run slower, and
-the pure-Python load probe (cache-resident work) moved by 1-5% when runs moved by 20%.
+264 samples/s twenty minutes apart; a calibration taken after the runs measured its decode 11-19%
+slower than the one before, while the runs between them were not slower). The kernel's
+contention (`experiments._cpu_time`) sees other processes taking our cores, not cores that run
+slower, and the pure-Python load probe (cache-resident work) moved by 1-5% when runs moved by 20%.
 
 So one idle engine server per core, started once per regime with the runs' own model and server
 flags, is sent the same small decode batch just before and just after each calibration and each
 run: the wall time of `concurrent` requests of `tokens` tokens (`ignore_eos`, greedy), the median
-of `reps`, per core (15 batches of 8 x 64 tokens: 0.8 s a probe, repeated probes within 5%
-of one another on an idle machine). The servers wait on a condition variable between probes (no CPU: they do not
-disturb what is measured beside them). A run's costs are rescaled by its probe over its
-calibration's, per side: the servers' cores and the trainer's.
+of `reps`, per core (15 batches of 8 x 64 tokens: 0.8 s a probe; ten probes in a row on an idle
+machine within 5% of one another). The servers wait on a condition variable between probes (no
+CPU: they do not disturb what is measured beside them). A run's costs are rescaled by its probe
+over its calibration's, per side: the servers' cores and the trainer's.
 """
 
 from __future__ import annotations

@@ -1,27 +1,32 @@
 """The simulator against real runs it never saw: calibrated on microbenchmarks, then predicting.
 
-    python -m experiments.benchmarks.sim_vs_measured [--regimes=longtail,balanced] [--modes=sync,1,2,4]
-        [--repeats=3]
+    python -m experiments.benchmarks.sim_vs_measured [--regimes=longtail,balanced]
+        [--modes=sync,1,2,4] [--repeats=3] [--nobracket] [--nomachine_probe]
 
 For each regime (a run config file) the script first calibrates `flashrl_jax.sim` with standalone
-microbenchmarks of the real parts (`experiments/_calibration.py`: decode step by live requests on the
-run's own server layout, per-request cost — for async as runs send their requests, a batch's
-groups after each weight handoff — handoff, the initial policy's response lengths, train step and
-export by trained tokens), once for the sync core layout and once for the async split.
-Then it runs each mode for real (`python -m experiments.train`, real servers and trainer), and
-predicts its samples/s from the calibration alone: nothing measured in a run goes into its
-prediction. Both sides are timed on a shared machine minutes apart, so the calibrated costs are
-rescaled to the CPU contention the run met: the kernel's per-thread time on a CPU and time waiting
-for one give, for the servers and for the trainer's process, (run + wait) / run over the run's timed
-steps and over the calibration's decode and train measurements; the rollout costs are multiplied by
-the servers' ratio of the two, the trainer's by its process's. In the async split the trainer's
-process shares its core with the controller's loop (1+1) or a server (2+1), and the calibrated
+microbenchmarks of the real parts (`experiments/_calibration.py`: decode step by live requests on
+the run's own server layout, per-request cost as runs send their requests — sync: a batch after
+each idle handoff; async: a batch's groups after each weight handoff — handoff, the initial
+policy's response lengths, train step and export by trained tokens), once for the sync core layout
+and once for the async split. Then it runs each mode for real (`python -m experiments.train`, real
+servers and trainer), calibrates both layouts again (`--bracket`, the default), and predicts each
+run's samples/s from the two calibrations blended at the run's time: nothing measured in a run
+goes into its prediction. Around each calibration and each run an idle engine server per core
+times a small decode batch (`--machine_probe`, the default; `experiments/_machine_probe.py`): the
+machine's speed that minute, which drifts by 10-25% within a pass; a run's costs are rescaled by
+its probe over its calibration's. Both sides are timed on a shared machine, so the calibrated costs
+are also rescaled to the CPU contention the run met: the kernel's per-thread time on a CPU and time
+waiting for one give, for the servers and for the trainer's process, (run + wait) / run over the
+run's timed steps and over the calibration's decode and train measurements; the rollout costs are
+multiplied by the servers' ratio of the two, the trainer's by its process's. In the async split
+the trainer's process shares its core with the controller's loop (1+1) or a server (2+1), and the calibrated
 interference factors charge that sharing (measured as the calibration's async layout places it:
 the learner process beside the client, `experiments/_calibration.py`); so that the ratio does not
 charge it again, an async run's contention is divided by the calibration's as a run would meet it:
 alone and beside the other side, weighted by the share of each side's time the simulation spends
 beside the other (`reference_contention`). Every row prints the prediction with that rescaling,
 with the alone-only rescaling used before (which counts the sharing twice) and without rescaling,
+from the first calibration alone and without the machine probe,
 the measurement (samples/s over the steps after `--warmup_steps`, as `async_vs_sync` measures it)
 and the error, and the run's mean response length beside the calibration's: the calibration
 samples the initial policy, and a run whose policy drifts to shorter answers is faster than that
@@ -540,8 +545,8 @@ def calibrate_layout(path: str, regime: str, layout: str, out: str, suffix: str,
   with open(os.path.join(out, f"{regime}_calibration_{layout}{suffix}.json"), "w") as f:
     json.dump(cal, f, indent=1)
   ro, tr, inter = cal["rollout"], cal["trainer"]["alone"], cal["interference"]
-  print(f"{regime} calibration{suffix.replace('_', ' ')} ({layout} layout, {cal['wall_s']:.0f}s, load "
-        f"{cal['loadavg'][0]:.1f}-{cal['loadavg'][1]:.1f}, probe {cal['probe_s'] * 1e3:.1f}ms"
+  print(f"{regime} calibration{suffix.replace('_', ' ')} ({layout} layout, {cal['wall_s']:.0f}s, "
+        f"load {cal['loadavg'][0]:.1f}-{cal['loadavg'][1]:.1f}, probe {cal['probe_s'] * 1e3:.1f}ms"
         + (f", machine probe {cal['machine_probe_s'] * 1e3:.1f}ms" if "machine_probe_s" in cal
            else "") + "): "
         f"{ro['workers']} worker(s) x {ro['slots']} slots, decode step "
@@ -566,8 +571,8 @@ def calibrate_layout(path: str, regime: str, layout: str, out: str, suffix: str,
         f"{tr['train_tokens'][1]} tokens, export {tr['export_s']:.3f}s; train "
         f"x{inter['train_beside_rollout']:.2f} beside rollout, rollout "
         f"x{inter['rollout_beside_train']:.2f} beside training; handoff busy "
-        f"{sum(ro['handoff']['busy'].values()):.3f}s idle {sum(ro['handoff']['idle'].values()):.3f}s",
-        flush=True)
+        f"{sum(ro['handoff']['busy'].values()):.3f}s idle "
+        f"{sum(ro['handoff']['idle'].values()):.3f}s", flush=True)
   return cal
 
 
