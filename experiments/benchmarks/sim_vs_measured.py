@@ -19,15 +19,15 @@ are also rescaled to the CPU contention the run met: the kernel's per-thread tim
 waiting for one give, for the servers and for the trainer's process, (run + wait) / run over the
 run's timed steps and over the calibration's decode and train measurements; the rollout costs are
 multiplied by the servers' ratio of the two, the trainer's by its process's. In the async split
-the trainer's process shares its core with the controller's loop (1+1) or a server (2+1), and the calibrated
-interference factors charge that sharing (measured as the calibration's async layout places it:
-the learner process beside the client, `experiments/_calibration.py`); so that the ratio does not
-charge it again, an async run's contention is divided by the calibration's as a run would meet it:
-alone and beside the other side, weighted by the share of each side's time the simulation spends
-beside the other (`reference_contention`). Every row prints the prediction with that rescaling,
-with the alone-only rescaling used before (which counts the sharing twice) and without rescaling,
-from the first calibration alone and without the machine probe,
-the measurement (samples/s over the steps after `--warmup_steps`, as `async_vs_sync` measures it)
+the trainer's process shares its core with the controller's loop (1+1) or a server (2+1), and the
+calibrated interference factors charge that sharing (measured as the calibration's async layout
+places it: the learner process beside the client, `experiments/_calibration.py`); so that the
+ratio does not charge it again, an async run's contention is divided by the calibration's as a
+run would meet it: alone and beside the other side, weighted by the share of each side's time the
+simulation spends beside the other (`reference_contention`). Every row prints the prediction with
+that rescaling, with the alone-only rescaling used before (which counts the sharing twice),
+without rescaling, from the first calibration alone and without the machine probe, the
+measurement (samples/s over the steps after `--warmup_steps`, as `async_vs_sync` measures it)
 and the error, and the run's mean response length beside the calibration's: the calibration
 samples the initial policy, and a run whose policy drifts to shorter answers is faster than that
 policy would be (docs/simulator.md).
