@@ -52,12 +52,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable
 
 import numpy as np
 from absl import app, flags
 
 from experiments import _calibration, _calibration_fits, _cpu_time, _machine_probe
+from experiments._contention_rescaling import (  # noqa: F401 (mixed_contention: re-exported)
+    Contention, Overlap, mixed_contention,
+    reference_contention, rescaled_prediction)
 from experiments._summary import timed_seconds
 from experiments._server_profile import ServerSampler, server_profile
 from flashrl_jax import sim
@@ -131,96 +133,6 @@ def sim_config(calibration: dict, mode: str, alpha: int, batch_size: int, group_
       group_size=group_size, steps=steps - warmup, warmup_steps=warmup,
       lengths=EmpiricalLengths(ro["length_groups"]), prompt_tokens=round(ro["prompt_tokens"]),
       cost=cost, training=training, pause=pause_mode)
-
-
-@dataclasses.dataclass(frozen=True)
-class Contention:
-  """CPU contention, (time on a CPU + time waiting for one) / time on a CPU, of the servers and of
-  the trainer's process (the controller's, with its event loop): 1 on cores of their own."""
-
-  servers: float
-  trainer: float
-
-  def __truediv__(self, other: Contention) -> Contention:
-    return Contention(self.servers / other.servers, self.trainer / other.trainer)
-
-
-@dataclasses.dataclass(frozen=True)
-class Overlap:
-  """Fractions of wall time spent beside the other side, as a simulation reports them
-  (`SimResult.train_beside_rollout`, `rollout_beside_train`)."""
-
-  train_beside_rollout: float
-  rollout_beside_train: float
-
-  @classmethod
-  def of(cls, results: list[sim.SimResult]) -> Overlap:
-    return cls(float(np.mean([r.train_beside_rollout for r in results])),
-               float(np.mean([r.rollout_beside_train for r in results])))
-
-
-def mixed_contention(alone: float, beside: float, beside_fraction: float) -> float:
-  """The contention of a CPU-bound thread that spends `beside_fraction` of its wall time at
-  contention `beside` and the rest at `alone`. Its wall time is its CPU time times the contention,
-  so over both phases (Σ wall / Σ CPU) it is the wall-weighted harmonic mean, not the mean."""
-  if not 0.0 <= beside_fraction <= 1.0:
-    raise ValueError(f"beside_fraction must be in [0, 1], got {beside_fraction}")
-  return 1.0 / ((1.0 - beside_fraction) / alone + beside_fraction / beside)
-
-
-def reference_contention(calibration: dict, mode: str, overlap: Overlap | None = None
-                         ) -> Contention:
-  """The contention the calibrated costs stand for, as a run with `overlap` would meet it.
-
-  Sync: the decode's and the train step's, measured alone (a sync run's phases do not overlap);
-  so is an async calibration that measured no interference (written before 2026-11-26 for 1+1).
-  Not the sync rounds' (`_Bench.rounds`, which price a sync request in the servers' CPU seconds):
-  the decode table was timed at the decode's contention, and referencing the rounds' (2.1-2.3
-  against the decode's 1.7) under-priced the runs' decode, 6-19% too fast in the first pass
-  (2026-11-28, docs/simulator.md).
-  Async: the servers' contention is the one measured over the calibration's steady stream of
-  requests where there is one (a server's HTTP, engine and XLA threads wait for one another on its
-  core in a stream, and the stream's table already charges that); the trainer shares
-  its core with the client's loop (and in 2+1 a server), so a run's
-  contention holds that sharing while both sides work; the calibrated interference factors already
-  charge it, so the reference holds it too, for the same share of the time. The sharing is the
-  ratio beside / alone of contentions taken in one measurement each (background load of that
-  moment cancels), applied to the alone contention the costs were measured at: run / reference
-  then leaves the background load only."""
-  ro, tr = calibration["rollout"], calibration["trainer"]
-  alone = Contention(ro["contention"], tr["alone"]["contention"])
-  if mode == "sync":
-    return alone
-  arrivals = ro.get("bursts", ro.get("stream"))
-  if arrivals is not None:  # the servers as an async run keeps them: requests arriving
-    alone = Contention(arrivals["contention"], alone.trainer)
-  if overlap is None:
-    raise ValueError("an async reference needs the simulated overlap of training and rollout")
-  if "beside_train" not in ro:  # no interference measured
-    return alone
-  beside = ro["beside_train"]
-  servers_sharing = max(beside["contention_beside"] / beside["contention_alone"], 1.0)
-  trainer_sharing = max(tr["beside_rollout"]["contention"] / alone.trainer, 1.0)
-  return Contention(
-      alone.servers * mixed_contention(1.0, servers_sharing, overlap.rollout_beside_train),
-      alone.trainer * mixed_contention(1.0, trainer_sharing, overlap.train_beside_rollout))
-
-
-def rescaled_prediction(calibration: dict, contention: Contention,
-                        predict: Callable[[Contention], list[sim.SimResult]], overlap: Overlap,
-                        rounds: int = 4, tolerance: float = 0.01
-                        ) -> tuple[list[sim.SimResult], Contention]:
-  """An async run's prediction with its costs rescaled by `contention` / the reference, which
-  depends on the overlap the prediction itself shows: iterated from `overlap` (that of the unscaled
-  prediction) until the overlap moves less than `tolerance`, at most `rounds` predictions."""
-  for _ in range(rounds):
-    slowdown = contention / reference_contention(calibration, "async", overlap)
-    results = predict(slowdown)
-    moved, overlap = overlap, Overlap.of(results)
-    if (abs(moved.train_beside_rollout - overlap.train_beside_rollout) < tolerance
-        and abs(moved.rollout_beside_train - overlap.rollout_beside_train) < tolerance):
-      break
-  return results, slowdown
 
 
 def calibrated_step_s(calibration: dict, live: float, servers: int) -> float:
