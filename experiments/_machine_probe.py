@@ -75,8 +75,11 @@ class MachineProbe:
 
 
 def around(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-  """Two probes around one measurement, averaged (per core too)."""
+  """Two probes around one measurement, averaged (per core too). Each is kept as well, to tell
+  drift during the measurement from a bias of probing right after its processes exit."""
   return {"machine_probe_s": (before["machine_probe_s"] + after["machine_probe_s"]) / 2,
+          "machine_probe_before_s": before["machine_probe_s"],
+          "machine_probe_after_s": after["machine_probe_s"],
           "machine_probe_per_core": {
               c: (before["machine_probe_per_core"][c] + after["machine_probe_per_core"][c]) / 2
               for c in before["machine_probe_per_core"]}}

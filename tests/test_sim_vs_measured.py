@@ -101,6 +101,7 @@ def test_a_runs_costs_follow_the_machine_probe_of_its_own_cores():
   after = {"machine_probe_s": 20e-3, "machine_probe_per_core": {"0": 30e-3, "1": 10e-3}}
   run = _machine_probe.around(before, after)
   assert run["machine_probe_per_core"] == pytest.approx({"0": 25e-3, "1": 10e-3})
+  assert (run["machine_probe_before_s"], run["machine_probe_after_s"]) == (15e-3, 20e-3)
   calibration = {"machine_probe_s": 15e-3, "machine_probe_per_core": {"0": 20e-3, "1": 10e-3}}
   assert _machine_probe.speed_ratio(run, calibration, [0]) == pytest.approx(1.25)  # the server's
   assert _machine_probe.speed_ratio(run, calibration, [1]) == pytest.approx(1.0)  # the trainer's

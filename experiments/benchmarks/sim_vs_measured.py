@@ -261,6 +261,16 @@ def run_request_s(calibration: dict, window: dict | None) -> float | None:
       ro["decode_step_s"], window["requests"] / servers)
 
 
+def mode_layout(mode: str) -> str:
+  """The core layout a `--modes` entry runs in."""
+  return "sync" if mode == "sync" else "async"
+
+
+def mode_alpha(mode: str) -> int:
+  """A `--modes` entry's async ratio (0 for sync)."""
+  return 0 if mode == "sync" else int(mode)
+
+
 def mode_name(mode: str) -> str:
   """A `--modes` entry ("sync" or α) as rows print it."""
   return "sync" if mode == "sync" else f"async α={int(mode)}"
@@ -281,19 +291,18 @@ class MeasuredRun:
 
   @property
   def layout(self) -> str:
-    return "sync" if self.mode == "sync" else "async"
+    return mode_layout(self.mode)
 
   @property
   def alpha(self) -> int:
-    return 0 if self.mode == "sync" else int(self.mode)
+    return mode_alpha(self.mode)
 
 
 def measure_mode(path: str, regime: str, mode: str, repeat: int, out: str, steps: int,
                  warmup: int, probe: _machine_probe.MachineProbe | None = None) -> MeasuredRun:
   """Runs one mode of `regime` for real (with `probe`, the machine probed just before and after)
   and prints its throughput."""
-  alpha = 0 if mode == "sync" else int(mode)
-  layout = "sync" if mode == "sync" else "async"
+  alpha, layout = mode_alpha(mode), mode_layout(mode)
   workdir = os.path.join(out, f"{regime}_{'sync' if mode == 'sync' else f'async_a{alpha}'}"
                                + (f"_r{repeat}" if repeat else ""))
   before = probe.measure() if probe is not None else None
