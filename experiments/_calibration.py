@@ -64,6 +64,9 @@ from experiments._cpu_time import contention, cpu_times, probe, probe_pair, proc
 from experiments._server_profile import server_counters
 from flashrl_jax.controller import Learner, LearnerProcess, RunConfig, engine_server_args
 
+# Passes over the train batches, each batch's fastest time kept (`_Bench.train`).
+_TRAIN_PASSES = 3
+
 
 def load_config(path: str, **changes) -> RunConfig:
   """`get_config()` of a config file (as `experiments.train` reads it), with `changes` applied."""
@@ -337,9 +340,12 @@ class _Bench(Arrivals):
     a third to a half of them live: 5-9 of 16 in the long-tail runs). The batches are the same
     with and without `busy` (one seed), so the factor is a ratio of paired steps
     (`paired_factor`): two draws of twelve random batches had put it at 1.12 and 1.86 in two
-    calibrations of one config. Each batch runs twice and keeps its faster time: back-to-back steps
-    here slowed 1.5-2x a few at a time (0.10-0.15 s among 0.067-0.089, balanced, 2026-11-27, no
-    other process busy) where a run's did not (0.069-0.081 s)."""
+    calibrations of one config. Each batch runs once in each of `_TRAIN_PASSES` passes over them
+    and keeps its fastest time: beside the calibration's idle servers, steps slow ~1.6x for about a
+    second at a time (0.12-0.14 s among 0.07-0.09, balanced, with or without a gap between steps;
+    not with no servers started) where a run's do not (0.070-0.085 s); a batch run twice in a row
+    sat both times in one such second (7 of 12 batches slow in one calibration of 2026-11-28), a
+    pass apart they seldom do."""
     rng, stop = np.random.default_rng(0), asyncio.Event()
     lengths = [x for g in groups for x in g]
 
@@ -354,27 +360,30 @@ class _Bench(Arrivals):
       await asyncio.gather(*(lane(i) for i in range(max(1, self.slots * self.workers // 2))))
 
     load = asyncio.create_task(saturate()) if busy else None
-    tokens, seconds, exports = [], [], []
+    draws = []  # each batch's random state, to draw it again (at the learner's new version)
+    for _ in range(batches):
+      draws.append(rng.bit_generator.state)
+      self._trajectories(rng, groups, prompt_tokens)
+    tokens, timed = [0] * batches, [[] for _ in range(batches)]
     try:
       if busy:
         await asyncio.sleep(1.0)
-      for _ in range(batches):
-        drawn, timed = rng.bit_generator.state, []
-        for _ in range(2):  # the same batch again (at the learner's new version)
+      for _ in range(_TRAIN_PASSES):  # every batch once per pass: its times a pass apart
+        for i, drawn in enumerate(draws):
           rng.bit_generator.state = drawn
           batch = self._trajectories(rng, groups, prompt_tokens)
           start = time.perf_counter()
           await asyncio.to_thread(self.learner.update, batch)
           middle = time.perf_counter()
           await asyncio.to_thread(self._export)  # as the loop's handoff exports
-          timed.append((middle - start, time.perf_counter() - middle))
-        tokens.append(sum(len(t.prompt_ids) + len(t.response_ids) for t in batch))
-        seconds.append(min(s for s, _ in timed))
-        exports.append(min(e for _, e in timed))
+          timed[i].append((middle - start, time.perf_counter() - middle))
+          tokens[i] = sum(len(t.prompt_ids) + len(t.response_ids) for t in batch)
     finally:
       stop.set()
       if load is not None:
         await load
+    seconds = [min(s for s, _ in t) for t in timed]
+    exports = [min(e for _, e in t) for t in timed]
     (lo, hi), fit = fit_train(tokens, seconds)
     return {"train_tokens": [lo, hi], "train_s": fit, "export_s": median(exports),
             "raw_tokens": tokens, "raw_seconds": seconds}

@@ -249,17 +249,17 @@ def test_train_fit_is_not_tilted_by_slowed_steps():
       pytest.approx([0.05, 0.05])
 
 
-class _PairedLearner:
-  """A learner whose first update of every pair is slowed (as a calibration's steps were, a few at
-  a time), recording what it was given."""
+class _BurstLearner:
+  """A learner slowed for three updates in a row (as a calibration's steps were, about a second
+  at a time), recording what it was given."""
 
-  def __init__(self):
-    self.batches, self.policy_version = [], 0
+  def __init__(self, slow: range):
+    self.batches, self.policy_version, self.slow = [], 0, slow
 
   def update(self, batch):
-    self.batches.append([(t.prompt_ids.tolist(), t.response_ids.tolist()) for t in batch])
-    if len(self.batches) % 2:
+    if len(self.batches) in self.slow:
       time.sleep(0.3)
+    self.batches.append([(t.prompt_ids.tolist(), t.response_ids.tolist()) for t in batch])
     self.policy_version += 1
 
   def export(self):
@@ -269,19 +269,20 @@ class _PairedLearner:
     pass
 
 
-def test_each_train_batch_runs_twice_and_keeps_its_faster_time():
+def test_each_train_batch_runs_once_per_pass_and_keeps_its_fastest_time():
   bench = object.__new__(_calibration._Bench)
   bench.config = _calibration.load_config(str(REPO / "experiments/configs/bench_rlvr_longtail.py"))
-  bench.learner, bench.vocab_size = _PairedLearner(), 100
+  bench.learner, bench.vocab_size = _BurstLearner(slow=range(1, 4)), 100
   groups = [[3, 5], [40, 44], [7, 7]]
   out = asyncio.run(bench.train(groups, 6.0, 3, busy=False))
   batches = bench.learner.batches
-  assert len(batches) == 6
-  assert batches[0] == batches[1] and batches[2] == batches[3] and batches[4] == batches[5]
-  assert batches[0] != batches[2]  # the next batch is a new draw
-  assert all(s < 0.25 for s in out["raw_seconds"])  # the slowed run of each pair is not kept
-  per_batch = [sum(len(p) + len(r) for p, r in b) for b in batches[::2]]
-  assert out["raw_tokens"] == per_batch
+  assert _calibration._TRAIN_PASSES == 3 and len(batches) == 9
+  assert batches[:3] == batches[3:6] == batches[6:]  # the same three batches in every pass
+  assert batches[0] != batches[1] != batches[2]  # each a new draw
+  # Updates 1-3 (batch 1 and 2 of the first pass, batch 0 of the second) were slowed: a batch run
+  # twice in a row would have kept a slowed time for batch 1; a pass apart, none is kept.
+  assert all(s < 0.25 for s in out["raw_seconds"]), out["raw_seconds"]
+  assert out["raw_tokens"] == [sum(len(p) + len(r) for p, r in b) for b in batches[:3]]
 
 
 def test_bursts_release_a_batch_of_groups_after_each_handoff_and_wait_for_them():
