@@ -18,6 +18,14 @@ from safetensors.numpy import load_file
 from flashrl_jax.trainer._checkpoint import (QUARANTINE_DIR, CheckpointConfig, Checkpointer,
                                              CorruptCheckpointError)
 
+# A truncated data file fails orbax's restore inside its asyncio loop; afterwards a callback is
+# still scheduled on that closed loop from another thread (`call_soon_threadsafe`: "RuntimeError:
+# Event loop is closed", which Python only prints), and pytest reports it in whichever test of
+# this file runs then (seen in two). By then the step is quarantined and the previous one
+# restored; what these tests check is unaffected, and the noise is the libraries'.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in:pytest.PytestUnraisableExceptionWarning")
+
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -138,11 +146,6 @@ def _remove_item(step_dir):
   os.rename(os.path.join(step_dir, "extra"), os.path.join(step_dir, "..", "stray"))
 
 
-# A truncated data file fails orbax's restore inside its asyncio loop; afterwards a callback is
-# still scheduled on that closed loop from another thread (`call_soon_threadsafe`: "RuntimeError:
-# Event loop is closed", which Python only prints). By then the step is quarantined and the
-# previous one restored; what this test checks is unaffected, and the noise is the libraries'.
-@pytest.mark.filterwarnings("ignore:Exception ignored in:pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("corrupt", [_truncate_data, _delete_data, _remove_commit_marker,
                                      _remove_item])
 def test_corrupt_latest_falls_back_to_previous(tmp_path, caplog, corrupt):
