@@ -30,7 +30,7 @@ this process instead puts the async event loop on the rollout cores), and measur
   where the run makes them meet: with a learner process (`RunConfig.learner_process`, the default)
   the trainer is one, started as the run starts it, and the event loop shares its core (1+1) or a
   server does too (2+1); without one, trainer and client share this process and its interpreter
-  lock (measured: each about 1.5-2x slower on this machine; see docs/simulator.md).
+  lock (measured: each about 1.5-2x slower on this machine; see docs/simulator_history.md).
 
 The CPU contention the servers met while the decode was timed, and the trainer while its step was
 (the kernel's per-thread time on a CPU and time waiting for one, `experiments._cpu_time`), is
@@ -285,7 +285,7 @@ class _Bench(Arrivals):
     scoring, the next group) catches up in those gaps. A trainer training back to back slowed the
     stream x1.03-1.19 (five pairs), one at half duty x0.94-1.15 (median 1.00), and the factor
     from back-to-back training on a static batch (x1.17-1.32 in three calibrations) put the
-    async predictions 4-21% low (docs/simulator.md)."""
+    async predictions 4-21% low (docs/simulator_history.md)."""
     stop = asyncio.Event()
     rng = np.random.default_rng(2)
     servers = processes(os.getpid())[1]

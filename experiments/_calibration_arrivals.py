@@ -98,7 +98,7 @@ class Arrivals:
     request (`stream_request_s`), handoffs included, as `sim_vs_measured` measures a run's.
 
     Bursts without handoffs cost 0.49-0.53 ms a request on the long-tail server where runs' cost
-    0.77-1.09 (docs/simulator.md; measured at a pace ~8x too slow, before the lanes' count was
+    0.77-1.09 (docs/simulator_history.md; measured at a pace ~8x too slow, before the lanes' count was
     fixed in e44976e); a run's servers also load a version every step."""
     rng = np.random.default_rng(1)
     table = (decode["decode_active"], decode["decode_step_s"])

@@ -85,7 +85,7 @@ _SPLIT = flags.DEFINE_string("async_split", "1+1", "Async runs' rollout+trainer 
 _REPEATS = flags.DEFINE_integer(
     "repeats", 1, "Real runs per mode (interleaved); with more than one, each mode's median "
     "prediction is also compared with its median measurement (a single run on a shared machine "
-    "varies by more than the target error: docs/simulator.md).")
+    "varies by more than the target error: docs/simulator_history.md).")
 _BRACKET = flags.DEFINE_bool(
     "bracket", True, "Calibrate each layout again after a regime's runs and predict each run from "
     "the two calibrations blended at its time (the machine's speed drifts within a pass); false: "
