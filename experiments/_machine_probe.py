@@ -12,13 +12,21 @@ flags, is sent the same small decode batch just before and just after each calib
 run: the wall time of `concurrent` requests of `tokens` tokens (`ignore_eos`, greedy), the median
 of `reps`, per core (15 batches of 8 x 64 tokens: 0.8 s a probe; ten probes in a row on an idle
 machine within 5% of one another). The servers wait on a condition variable between probes (no
-CPU: they do not disturb what is measured beside them). A run's costs are rescaled by its probe
-over its calibration's, per side: the servers' cores and the trainer's.
+CPU: they do not disturb what is measured beside them). A run's servers' costs are rescaled by the
+probe of their cores over its calibration's (`Sides.SERVERS`, the default). The trainer's are not:
+a decode batch measures decode, and a train step did not follow it. In pass AN (2026-11-28) the
+trainer's core probed 9-12% faster around the balanced async runs than around their calibrations,
+the runs' train steps were not faster, and rescaling the train cost by it caused most of that
+pass's error. Re-predicting passes AI-AN offline with the probe on the servers' side only put all
+six within 15% (largest errors 0.142, 0.100, 0.144, 0.140, 0.067, 0.091; on both sides: 0.139,
+0.114, 0.150, 0.154, 0.092, 0.149; without it: 0.214, 0.090, 0.147, 0.130, 0.126, 0.042). That
+rule was chosen on those passes, so the passes after it are its test (docs/simulator.md).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import enum
 import json
 import os
 import statistics
@@ -93,3 +101,21 @@ def speed_ratio(run: dict[str, Any], calibration: dict[str, Any], cores: Sequenc
   ratios = [run["machine_probe_per_core"][str(c)] / calibration["machine_probe_per_core"][str(c)]
             for c in cores]
   return statistics.mean(ratios)
+
+
+class Sides(enum.Enum):
+  """Which side's costs a run's probe rescales."""
+
+  NONE = "none"  # neither: the calibration's costs as measured
+  SERVERS = "servers"  # the servers' costs, by their cores' probes (the default: module doc)
+  BOTH = "both"  # the trainer's too, by its cores' decode probes (the rule before 2026-11-28)
+
+
+def machine_speed(run: dict[str, Any], calibration: dict[str, Any], server_cores: Sequence[int],
+                  train_cores: Sequence[int], sides: Sides = Sides.SERVERS
+                  ) -> tuple[float, float]:
+  """(servers', trainer's) cost factors of a run against its calibration under `sides`: each
+  side that is rescaled gets `speed_ratio` of its cores, the other 1."""
+  servers = speed_ratio(run, calibration, server_cores) if sides != Sides.NONE else 1.0
+  trainer = speed_ratio(run, calibration, train_cores) if sides == Sides.BOTH else 1.0
+  return servers, trainer

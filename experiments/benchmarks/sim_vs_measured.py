@@ -13,9 +13,10 @@ servers and trainer), calibrates both layouts again (`--bracket`, the default), 
 run's samples/s from the two calibrations blended at the run's time: nothing measured in a run
 goes into its prediction. Around each calibration and each run an idle engine server per core
 times a small decode batch (`--machine_probe`, the default; `experiments/_machine_probe.py`): the
-machine's speed that minute, which drifts by 10-25% within a pass; a run's costs are rescaled by
-its probe over its calibration's. Both sides are timed on a shared machine, so the calibrated costs
-are also rescaled to the CPU contention the run met: the kernel's per-thread time on a CPU and time
+machine's speed that minute, which drifts by 10-25% within a pass; a run's servers' costs are
+rescaled by their cores' probe over its calibration's (the trainer's core's decode probe is
+printed, not applied: `experiments/_machine_probe.py` says why). Both sides are timed on a shared
+machine, so the calibrated costs are also rescaled to the CPU contention the run met: the kernel's per-thread time on a CPU and time
 waiting for one give, for the servers and for the trainer's process, (run + wait) / run over the
 run's timed steps and over the calibration's decode and train measurements; the rollout costs are
 multiplied by the servers' ratio of the two, the trainer's by its process's. In the async split
@@ -26,7 +27,8 @@ ratio does not charge it again, an async run's contention is divided by the cali
 run would meet it: alone and beside the other side, weighted by the share of each side's time the
 simulation spends beside the other (`reference_contention`). Every row prints the prediction with
 that rescaling, with the alone-only rescaling used before (which counts the sharing twice),
-without rescaling, from the first calibration alone and without the machine probe, the
+without rescaling, from the first calibration alone, without the machine probe and with it on
+the trainer's costs too, the
 measurement (samples/s over the steps after `--warmup_steps`, as `async_vs_sync` measures it)
 and the error, and the run's mean response length beside the calibration's: the calibration
 samples the initial policy, and a run whose policy drifts to shorter answers is faster than that
@@ -93,7 +95,8 @@ _BRACKET = flags.DEFINE_bool(
 _PROBE = flags.DEFINE_bool(
     "machine_probe", True, "Probe the machine's speed with the regime's own engine (an idle "
     "server per core, a small decode batch) just before and after each calibration and run, and "
-    "rescale each run's costs by its probe over its calibration's (experiments/_machine_probe.py).")
+    "rescale each run's servers' costs by their cores' probe over its calibration's "
+    "(experiments/_machine_probe.py).")
 _OUT = flags.DEFINE_string("out", None, "Directory for runs and calibrations (default: temp).")
 
 
@@ -320,22 +323,19 @@ def measure_mode(path: str, regime: str, mode: str, repeat: int, out: str, steps
 
 
 def predicted_samples_per_s(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int,
-                            use_probe: bool = True) -> dict:
+                            sides: _machine_probe.Sides = _machine_probe.Sides.SERVERS) -> dict:
   """A run's prediction from calibration `cal` alone, its costs rescaled to the CPU contention the
-  run met (async: against the reference the prediction's own overlap implies) and, with
-  `use_probe` and probes on both sides, to the machine's speed around the run against around the
+  run met (async: against the reference the prediction's own overlap implies) and, on `sides`
+  (with probes around both), to the machine's speed around the run against around the
   calibration; beside it the predictions rescaled by the alone contention only and not rescaled
   at all."""
   config = _calibration.load_config(path, mode=done.layout, async_ratio=done.alpha)
   place = cal["placement"]
   server_cores = sorted({core for cores in place["server_cpus"] for core in cores})
-  machine = (Contention(  # the machine's speed around the run against around the calibration
-      _machine_probe.speed_ratio(done.info, cal, server_cores),
-      _machine_probe.speed_ratio(done.info, cal, place["train_cpus"])) if use_probe else None)
-  contention = Contention(done.info["contention"]["rollout"], done.info["contention"]["trainer"])
-  if machine is not None:
-    contention = Contention(contention.servers * machine.servers,
-                            contention.trainer * machine.trainer)
+  machine = Contention(*_machine_probe.machine_speed(  # around the run against the calibration
+      done.info, cal, server_cores, place["train_cpus"], sides))
+  contention = Contention(done.info["contention"]["rollout"] * machine.servers,
+                          done.info["contention"]["trainer"] * machine.trainer)
   knobs = (done.layout, done.alpha, config.batch_size, config.group_size,
            config.rollout.pause_mode, steps, warmup)
 
@@ -386,17 +386,21 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
          "loadavg": info["loadavg"], "run_wall_s": info["wall_s"],
          "servers": info["servers"], "busy_fraction": float(np.mean(
              [r.rollout_busy_fraction for r in results]))}
-  machine = p["machine"]
-  if machine is not None and "machine_probe_s" in info:
-    unprobed = predicted_samples_per_s(done, path, cal, steps, warmup, use_probe=False)
-    row.update(machine_speed=[machine.servers, machine.trainer],
-               predicted_unprobed=unprobed["predicted"],
-               error_unprobed=error(unprobed["predicted"]))
+  if "machine_probe_s" in info and "machine_probe_s" in cal:
+    machine = p["machine"]
+    other = {sides: predicted_samples_per_s(done, path, cal, steps, warmup, sides)["predicted"]
+             for sides in (_machine_probe.Sides.NONE, _machine_probe.Sides.BOTH)}
+    unprobed, both = other[_machine_probe.Sides.NONE], other[_machine_probe.Sides.BOTH]
+    trainer_probe = _machine_probe.speed_ratio(info, cal, cal["placement"]["train_cpus"])
+    row.update(machine_speed=[machine.servers, machine.trainer], trainer_core_probe=trainer_probe,
+               predicted_unprobed=unprobed, error_unprobed=error(unprobed),
+               predicted_probe_both=both, error_probe_both=error(both))
     print(f"{done.regime:>9} {name:<10} r{done.repeat} machine probe around the run "
           f"{info['machine_probe_s'] * 1e3:.1f} ms against the calibration's "
-          f"{cal['machine_probe_s'] * 1e3:.1f} ms: costs x{machine.servers:.3f} (servers' cores) "
-          f"x{machine.trainer:.3f} (trainer's); predicted without it {unprobed['predicted']:7.2f} "
-          f"({row['error_unprobed']:5.1%})", flush=True)
+          f"{cal['machine_probe_s'] * 1e3:.1f} ms: servers' costs x{machine.servers:.3f} (the "
+          f"trainer's core probed x{trainer_probe:.3f}, not applied); predicted without the probe "
+          f"{unprobed:7.2f} ({row['error_unprobed']:5.1%}), with it on the trainer's costs too "
+          f"{both:7.2f} ({row['error_probe_both']:5.1%})", flush=True)
   bracket = ""
   if first is not None:
     before_only = predicted_samples_per_s(done, path, first, steps, warmup)["predicted"]
