@@ -2,6 +2,8 @@
 
     python -m experiments.benchmarks.sim_vs_measured [--regimes=longtail,balanced]
         [--modes=sync,1,2,4] [--repeats=3] [--nobracket] [--nomachine_probe]
+        [--probe_sides=servers|both|none] [--out=DIR]
+    python -m experiments.benchmarks.sim_vs_measured --repredict=DIR [--probe_sides=...]
 
 For each regime (a run config file) the script first calibrates `flashrl_jax.sim` with standalone
 microbenchmarks of the real parts (`experiments/_calibration.py`: decode step by live requests on
@@ -16,10 +18,11 @@ times a small decode batch (`--machine_probe`, the default; `experiments/_machin
 machine's speed that minute, which drifts by 10-25% within a pass; a run's servers' costs are
 rescaled by their cores' probe over its calibration's (the trainer's core's decode probe is
 printed, not applied: `experiments/_machine_probe.py` says why). Both sides are timed on a shared
-machine, so the calibrated costs are also rescaled to the CPU contention the run met: the kernel's per-thread time on a CPU and time
-waiting for one give, for the servers and for the trainer's process, (run + wait) / run over the
-run's timed steps and over the calibration's decode and train measurements; the rollout costs are
-multiplied by the servers' ratio of the two, the trainer's by its process's. In the async split
+machine, so the calibrated costs are also rescaled to the CPU contention the run met: the
+kernel's per-thread time on a CPU and time waiting for one give, for the servers and for the
+trainer's process, (run + wait) / run over the run's timed steps and over the calibration's decode
+and train measurements; the rollout costs are multiplied by the servers' ratio of the two, the
+trainer's by its process's. In the async split
 the trainer's process shares its core with the controller's loop (1+1) or a server (2+1), and the
 calibrated interference factors charge that sharing (measured as the calibration's async layout
 places it: the learner process beside the client, `experiments/_calibration.py`); so that the
@@ -38,9 +41,11 @@ With `--repeats=N` every mode runs N times (interleaved, reversed on odd repeats
 median prediction is compared with the median measurement too: on this 2-core machine one run of a
 configuration varies by more than the target error (nine long-tail runs of one day per mode spread
 over 210-312 samples/s at α = 1, 287-425 at α = 4), so one run's error mixes the model's error
-with that run's luck. Last lines: `sim_error_max_of_medians: <largest error of a mode's median>`
-(with repeats) and `sim_error_max_unseen: <largest |predicted − measured| / measured over the
-runs>`.
+with that run's luck. `--repredict=DIR` predicts a finished pass's runs again from the
+calibrations it saved (each run's `run.json` keeps what was read of it), so rules can be compared
+on the same runs without running anything. Last lines: `sim_error_max_of_medians: <largest error
+of a mode's median>` (with repeats) and `sim_error_max_unseen: <largest |predicted − measured| /
+measured over the runs>`.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from __future__ import annotations
 import asyncio  # noqa: F401 (the calibration's event loop)
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -97,7 +103,15 @@ _PROBE = flags.DEFINE_bool(
     "server per core, a small decode batch) just before and after each calibration and run, and "
     "rescale each run's servers' costs by their cores' probe over its calibration's "
     "(experiments/_machine_probe.py).")
+_SIDES = flags.DEFINE_enum(
+    "probe_sides", "servers", [s.value for s in _machine_probe.Sides],
+    "Which costs the machine probe rescales: the servers' (default), both sides' or none "
+    "(experiments/_machine_probe.py says why not the trainer's).")
 _OUT = flags.DEFINE_string("out", None, "Directory for runs and calibrations (default: temp).")
+_REPREDICT = flags.DEFINE_string(
+    "repredict", None, "A pass's --out directory: predict its saved runs again from its saved "
+    "calibrations (nothing runs; to compare rules on the same runs). Writes "
+    "results_repredicted_<probe_sides>.json there.")
 
 
 def sim_config(calibration: dict, mode: str, alpha: int, batch_size: int, group_size: int,
@@ -301,13 +315,47 @@ class MeasuredRun:
     return mode_alpha(self.mode)
 
 
+def run_dir(out: str, regime: str, mode: str, repeat: int) -> str:
+  """Where a pass keeps one run (its `metrics.jsonl`, and `run.json`: what `run` read of it)."""
+  return os.path.join(out, f"{regime}_{'sync' if mode == 'sync' else f'async_a{mode_alpha(mode)}'}"
+                           + (f"_r{repeat}" if repeat else ""))
+
+
+def saved_runs(out: str, regime: str, modes: list[str]) -> list[MeasuredRun]:
+  """The runs of `modes` a pass kept in `out` (every repeat, in the order they ran); a run without
+  its `run.json` (cut off, or from before the file was kept) is left out."""
+  found = []
+  for repeat in itertools.count():
+    paths = {mode: os.path.join(run_dir(out, regime, mode, repeat), "run.json") for mode in modes}
+    kept = {mode: path for mode, path in paths.items() if os.path.exists(path)}
+    if not kept and not any(os.path.isdir(os.path.dirname(path)) for path in paths.values()):
+      break
+    for mode, path in kept.items():
+      with open(path) as f:
+        info = json.load(f)
+      found.append(MeasuredRun(regime, mode, repeat, os.path.dirname(path), info, info["start"],
+                               info["end"]))
+  return sorted(found, key=lambda r: r.start)
+
+
+def saved_calibrations(out: str, regime: str, suffix: str) -> dict[str, dict]:
+  """A pass's calibrations of `regime` by layout (`suffix` "" before the runs, "_after" after),
+  those it kept."""
+  found = {}
+  for layout in LAYOUTS:
+    path = os.path.join(out, f"{regime}_calibration_{layout}{suffix}.json")
+    if os.path.exists(path):
+      with open(path) as f:
+        found[layout] = json.load(f)
+  return found
+
+
 def measure_mode(path: str, regime: str, mode: str, repeat: int, out: str, steps: int,
                  warmup: int, probe: _machine_probe.MachineProbe | None = None) -> MeasuredRun:
   """Runs one mode of `regime` for real (with `probe`, the machine probed just before and after)
   and prints its throughput."""
   alpha, layout = mode_alpha(mode), mode_layout(mode)
-  workdir = os.path.join(out, f"{regime}_{'sync' if mode == 'sync' else f'async_a{alpha}'}"
-                               + (f"_r{repeat}" if repeat else ""))
+  workdir = run_dir(out, regime, mode, repeat)
   before = probe.measure() if probe is not None else None
   start = time.time()
   info = run(path, workdir, layout, alpha, steps, warmup)
@@ -361,11 +409,12 @@ def predicted_samples_per_s(done: MeasuredRun, path: str, cal: dict, steps: int,
 
 
 def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int,
-                weight: float | None = None, first: dict | None = None) -> dict:
+                weight: float | None = None, first: dict | None = None,
+                sides: _machine_probe.Sides = _machine_probe.Sides.SERVERS) -> dict:
   """Predicts a measured run from calibration `cal` (with brackets: the two calibrations blended
-  at `weight`, and `first`, the calibration before the runs alone, printed beside it), prints the
-  row and returns it."""
-  p = predicted_samples_per_s(done, path, cal, steps, warmup)
+  at `weight`, and `first`, the calibration before the runs alone, printed beside it), the
+  machine probe rescaling `sides`, prints the row and returns it."""
+  p = predicted_samples_per_s(done, path, cal, steps, warmup, sides)
   results, slowdown = p["results"], p["slowdown"]
   predicted, raw, old = p["predicted"], p["predicted_raw"], p["predicted_alone_ref"]
   got = measured(done.workdir, warmup)
@@ -388,8 +437,8 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
              [r.rollout_busy_fraction for r in results]))}
   if "machine_probe_s" in info and "machine_probe_s" in cal:
     machine = p["machine"]
-    other = {sides: predicted_samples_per_s(done, path, cal, steps, warmup, sides)["predicted"]
-             for sides in (_machine_probe.Sides.NONE, _machine_probe.Sides.BOTH)}
+    other = {other: predicted_samples_per_s(done, path, cal, steps, warmup, other)["predicted"]
+             for other in (_machine_probe.Sides.NONE, _machine_probe.Sides.BOTH)}
     unprobed, both = other[_machine_probe.Sides.NONE], other[_machine_probe.Sides.BOTH]
     trainer_probe = _machine_probe.speed_ratio(info, cal, cal["placement"]["train_cpus"])
     row.update(machine_speed=[machine.servers, machine.trainer], trainer_core_probe=trainer_probe,
@@ -397,13 +446,13 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
                predicted_probe_both=both, error_probe_both=error(both))
     print(f"{done.regime:>9} {name:<10} r{done.repeat} machine probe around the run "
           f"{info['machine_probe_s'] * 1e3:.1f} ms against the calibration's "
-          f"{cal['machine_probe_s'] * 1e3:.1f} ms: servers' costs x{machine.servers:.3f} (the "
-          f"trainer's core probed x{trainer_probe:.3f}, not applied); predicted without the probe "
-          f"{unprobed:7.2f} ({row['error_unprobed']:5.1%}), with it on the trainer's costs too "
-          f"{both:7.2f} ({row['error_probe_both']:5.1%})", flush=True)
+          f"{cal['machine_probe_s'] * 1e3:.1f} ms: costs x{machine.servers:.3f} (servers) "
+          f"x{machine.trainer:.3f} (trainer; its core probed x{trainer_probe:.3f}); predicted "
+          f"without the probe {unprobed:7.2f} ({row['error_unprobed']:5.1%}), with it on both "
+          f"sides {both:7.2f} ({row['error_probe_both']:5.1%})", flush=True)
   bracket = ""
   if first is not None:
-    before_only = predicted_samples_per_s(done, path, first, steps, warmup)["predicted"]
+    before_only = predicted_samples_per_s(done, path, first, steps, warmup, sides)["predicted"]
     row.update(calibration_weight=weight, predicted_first_only=before_only,
                error_first_only=error(before_only))
     bracket = (f" [calibrations blended at {weight:.2f}; from the first alone {before_only:7.2f}"
@@ -501,11 +550,39 @@ def calibrate_layout(path: str, regime: str, layout: str, out: str, suffix: str,
   return cal
 
 
+def measure_regime(path: str, regime: str, out: str, steps: int, warmup: int
+                   ) -> tuple[dict[str, dict], list[MeasuredRun], dict[str, dict]]:
+  """Calibrates both layouts, runs every mode `--repeats` times, calibrates again (`--bracket`):
+  (the first calibrations, the runs, the second calibrations) by layout."""
+  ensure_model(path)
+  with contextlib.ExitStack() as stack:
+    probe = (stack.enter_context(_machine_probe.MachineProbe(
+        _calibration.load_config(path), os.path.join(out, f"{regime}_probe_servers")))
+        if _PROBE.value else None)
+    first = {layout: calibrate_layout(path, regime, layout, out, "", probe)
+             for layout in LAYOUTS}
+    # Repeats run every mode back to back, reversed on odd repeats (as async_vs_sync
+    # interleaves), so a change of the machine's speed meets every mode alike.
+    done = []
+    for repeat in range(_REPEATS.value):
+      modes = _MODES.value if repeat % 2 == 0 else _MODES.value[::-1]
+      done += [measure_mode(path, regime, mode, repeat, out, steps, warmup, probe)
+               for mode in modes]
+    # The second calibrations, after the runs, in reverse order (each layout's two then sit
+    # about as far on either side of its runs).
+    second = ({layout: calibrate_layout(path, regime, layout, out, "_after", probe)
+               for layout in reversed(LAYOUTS)} if _BRACKET.value else {})
+  return first, done, second
+
+
 def main(argv):
   del argv
-  out = _OUT.value or tempfile.mkdtemp(prefix="sim_vs_measured_")
+  source = _REPREDICT.value
+  out = source or _OUT.value or tempfile.mkdtemp(prefix="sim_vs_measured_")
   os.makedirs(out, exist_ok=True)
-  print(f"runs and calibrations in {out} ({os.cpu_count()} cores)", flush=True)
+  sides = _machine_probe.Sides(_SIDES.value)
+  print(f"runs and calibrations {'read from' if source else 'in'} {out} ({os.cpu_count()} "
+        f"cores); the machine probe rescales: {sides.value}", flush=True)
   rows, summaries = [], []
   for regime in _REGIMES.value:
     path, steps, warmup = REGIMES.get(regime, (regime, 16, 4))
@@ -514,39 +591,31 @@ def main(argv):
     if not os.path.exists(path):
       print(f"{regime}: {path} does not exist, skipped", flush=True)
       continue
-    ensure_model(path)
-    with contextlib.ExitStack() as stack:
-      probe = (stack.enter_context(_machine_probe.MachineProbe(
-          _calibration.load_config(path), os.path.join(out, f"{regime}_probe_servers")))
-          if _PROBE.value else None)
-      first = {layout: calibrate_layout(path, regime, layout, out, "", probe)
-               for layout in LAYOUTS}
-      # Repeats run every mode back to back, reversed on odd repeats (as async_vs_sync
-      # interleaves), so a change of the machine's speed meets every mode alike.
-      done = []
-      for repeat in range(_REPEATS.value):
-        modes = _MODES.value if repeat % 2 == 0 else _MODES.value[::-1]
-        done += [measure_mode(path, regime, mode, repeat, out, steps, warmup, probe)
-                 for mode in modes]
-      # The second calibrations, after the runs, in reverse order (each layout's two then sit
-      # about as far on either side of its runs).
-      second = ({layout: calibrate_layout(path, regime, layout, out, "_after", probe)
-                 for layout in reversed(LAYOUTS)} if _BRACKET.value else {})
+    if source:  # a pass's saved runs and calibrations, predicted again: nothing runs
+      first, done = saved_calibrations(source, regime, ""), saved_runs(source, regime, _MODES.value)
+      second = saved_calibrations(source, regime, "_after") if _BRACKET.value else {}
+      if not done or any(run.layout not in first for run in done):
+        print(f"{regime}: no saved runs with their calibrations in {source}, skipped", flush=True)
+        continue
+    else:
+      first, done, second = measure_regime(path, regime, out, steps, warmup)
     for measured_run in done:
       layout = measured_run.layout
-      if not second:
-        rows.append(predict_row(measured_run, path, first[layout], steps, warmup))
+      if layout not in second:
+        rows.append(predict_row(measured_run, path, first[layout], steps, warmup, sides=sides))
         continue
       weight = _calibration_fits.bracket_weight(
           measured_run.start, measured_run.end, first[layout]["time_mid"],
           second[layout]["time_mid"])
       cal = _calibration_fits.blended(first[layout], second[layout], weight)
       rows.append(predict_row(measured_run, path, cal, steps, warmup, weight=weight,
-                              first=first[layout]))
-    if _REPEATS.value > 1:
+                              first=first[layout], sides=sides))
+    if max(run.repeat for run in done) > 0:
       for mode in _MODES.value:
         name = mode_name(mode)
         mine = [r for r in rows if r["regime"] == regime and r["mode"] == name]
+        if not mine:
+          continue
         got = float(np.median([r["measured"] for r in mine]))
         want = float(np.median([r["predicted"] for r in mine]))
         summaries.append({"regime": regime, "mode": name, "measured_median": got,
@@ -555,7 +624,8 @@ def main(argv):
               f"(runs {min(r['measured'] for r in mine):.1f}-"
               f"{max(r['measured'] for r in mine):.1f}) | predicted {want:7.2f} "
               f"(error {abs(want - got) / got:5.1%})", flush=True)
-  with open(os.path.join(out, "results.json"), "w") as f:
+  results = f"results_repredicted_{sides.value}.json" if source else "results.json"
+  with open(os.path.join(out, results), "w") as f:
     json.dump({"runs": rows, "medians": summaries}, f, indent=1)
   if not rows:
     raise app.UsageError("no regime could be run")
