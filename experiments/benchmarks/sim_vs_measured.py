@@ -53,7 +53,6 @@ from __future__ import annotations
 import asyncio  # noqa: F401 (the calibration's event loop)
 import contextlib
 import dataclasses
-import itertools
 import json
 import os
 import subprocess
@@ -68,6 +67,9 @@ from experiments import _calibration, _calibration_fits, _cpu_time, _machine_pro
 from experiments._contention_rescaling import (  # noqa: F401 (mixed_contention: re-exported)
     Contention, Overlap, mixed_contention,
     reference_contention, rescaled_prediction)
+from experiments._pass_files import (
+    LAYOUTS, MeasuredRun, calibration_stem, mode_alpha, mode_layout, mode_name, run_dir,
+    saved_calibrations, saved_runs)
 from experiments._summary import timed_seconds
 from experiments._server_profile import ServerSampler, server_profile
 from flashrl_jax import sim
@@ -278,78 +280,6 @@ def run_request_s(calibration: dict, window: dict | None) -> float | None:
       ro["decode_step_s"], window["requests"] / servers)
 
 
-def mode_layout(mode: str) -> str:
-  """The core layout a `--modes` entry runs in."""
-  return "sync" if mode == "sync" else "async"
-
-
-def mode_alpha(mode: str) -> int:
-  """A `--modes` entry's async ratio (0 for sync)."""
-  return 0 if mode == "sync" else int(mode)
-
-
-def mode_name(mode: str) -> str:
-  """A `--modes` entry ("sync" or α) as rows print it."""
-  return "sync" if mode == "sync" else f"async α={int(mode)}"
-
-
-@dataclasses.dataclass(frozen=True)
-class MeasuredRun:
-  """One mode of a regime run for real: where it ran, what `run` read of it, and when (wall-clock
-  seconds, to place it between the calibrations that bracket it)."""
-
-  regime: str
-  mode: str  # a `--modes` entry: "sync" or α
-  repeat: int
-  workdir: str
-  info: dict
-  start: float
-  end: float
-
-  @property
-  def layout(self) -> str:
-    return mode_layout(self.mode)
-
-  @property
-  def alpha(self) -> int:
-    return mode_alpha(self.mode)
-
-
-def run_dir(out: str, regime: str, mode: str, repeat: int) -> str:
-  """Where a pass keeps one run (its `metrics.jsonl`, and `run.json`: what `run` read of it)."""
-  return os.path.join(out, f"{regime}_{'sync' if mode == 'sync' else f'async_a{mode_alpha(mode)}'}"
-                           + (f"_r{repeat}" if repeat else ""))
-
-
-def saved_runs(out: str, regime: str, modes: list[str]) -> list[MeasuredRun]:
-  """The runs of `modes` a pass kept in `out` (every repeat, in the order they ran); a run without
-  its `run.json` (cut off, or from before the file was kept) is left out."""
-  found = []
-  for repeat in itertools.count():
-    paths = {mode: os.path.join(run_dir(out, regime, mode, repeat), "run.json") for mode in modes}
-    kept = {mode: path for mode, path in paths.items() if os.path.exists(path)}
-    if not kept and not any(os.path.isdir(os.path.dirname(path)) for path in paths.values()):
-      break
-    for mode, path in kept.items():
-      with open(path) as f:
-        info = json.load(f)
-      found.append(MeasuredRun(regime, mode, repeat, os.path.dirname(path), info, info["start"],
-                               info["end"]))
-  return sorted(found, key=lambda r: r.start)
-
-
-def saved_calibrations(out: str, regime: str, suffix: str) -> dict[str, dict]:
-  """A pass's calibrations of `regime` by layout (`suffix` "" before the runs, "_after" after),
-  those it kept."""
-  found = {}
-  for layout in LAYOUTS:
-    path = os.path.join(out, f"{regime}_calibration_{layout}{suffix}.json")
-    if os.path.exists(path):
-      with open(path) as f:
-        found[layout] = json.load(f)
-  return found
-
-
 def measure_mode(path: str, regime: str, mode: str, repeat: int, out: str, steps: int,
                  warmup: int, probe: _machine_probe.MachineProbe | None = None) -> MeasuredRun:
   """Runs one mode of `regime` for real (with `probe`, the machine probed just before and after)
@@ -437,7 +367,8 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
              [r.rollout_busy_fraction for r in results]))}
   if "machine_probe_s" in info and "machine_probe_s" in cal:
     machine = p["machine"]
-    other = {other: predicted_samples_per_s(done, path, cal, steps, warmup, other)["predicted"]
+    other = {other: predicted if other == sides else  # the rule applied: computed above
+             predicted_samples_per_s(done, path, cal, steps, warmup, other)["predicted"]
              for other in (_machine_probe.Sides.NONE, _machine_probe.Sides.BOTH)}
     unprobed, both = other[_machine_probe.Sides.NONE], other[_machine_probe.Sides.BOTH]
     trainer_probe = _machine_probe.speed_ratio(info, cal, cal["placement"]["train_cpus"])
@@ -500,9 +431,6 @@ def ensure_model(config_path: str) -> None:
   subprocess.run([sys.executable, "-c", code, config_path], check=True)
 
 
-LAYOUTS = ("sync", "async")
-
-
 def calibrate_layout(path: str, regime: str, layout: str, out: str, suffix: str,
                      probe: _machine_probe.MachineProbe | None = None) -> dict:
   """Calibrates one layout of `regime` (with `probe`, the machine probed just before and after),
@@ -511,12 +439,12 @@ def calibrate_layout(path: str, regime: str, layout: str, out: str, suffix: str,
   before = probe.measure() if probe is not None else None
   start = time.time()
   cal = _calibration.calibrate(path, layout, reps=_REPS.value,
-                               log_dir=os.path.join(out, f"{regime}_calibration_{layout}{suffix}"),
+                               log_dir=calibration_stem(out, regime, layout, suffix),
                                split=_split() if layout == "async" else None)
   cal["time_mid"] = (start + time.time()) / 2
   if probe is not None:
     cal.update(_machine_probe.around(before, probe.measure()))
-  with open(os.path.join(out, f"{regime}_calibration_{layout}{suffix}.json"), "w") as f:
+  with open(calibration_stem(out, regime, layout, suffix) + ".json", "w") as f:
     json.dump(cal, f, indent=1)
   ro, tr, inter = cal["rollout"], cal["trainer"]["alone"], cal["interference"]
   print(f"{regime} calibration{suffix.replace('_', ' ')} ({layout} layout, {cal['wall_s']:.0f}s, "
