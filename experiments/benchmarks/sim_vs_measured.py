@@ -538,7 +538,7 @@ def main(argv):
       cal = _calibration_fits.blended(first[layout], second[layout], weight)
       rows.append(predict_row(measured_run, path, cal, steps, warmup, weight=weight,
                               first=first[layout], sides=sides))
-    if max(run.repeat for run in done) > 0:
+    if any(run.repeat for run in done):  # repeats: each mode's medians too
       for mode in _MODES.value:
         name = mode_name(mode)
         mine = [r for r in rows if r["regime"] == regime and r["mode"] == name]
