@@ -12,9 +12,13 @@ flags, is sent the same small decode batch just before and just after each calib
 run: the wall time of `concurrent` requests of `tokens` tokens (`ignore_eos`, greedy), the median
 of `reps`, per core (15 batches of 8 x 64 tokens: 0.8 s a probe; ten probes in a row on an idle
 machine within 5% of one another). The servers wait on a condition variable between probes (no
-CPU: they do not disturb what is measured beside them). A run's servers' costs are rescaled by the
-probe of their cores over its calibration's (`Sides.SERVERS`, the default). The trainer's are not:
-a decode batch measures decode, and a train step did not follow it. In pass AN (2026-11-28) the
+CPU: they do not disturb what is measured beside them). Beside each server, one idle learner
+process per core (the regime's model and train config, learning rate 0 so its weights and so its
+arithmetic never change) times the same train step on a fixed batch, the median of `train_reps`:
+the train probe. A run's servers' costs are rescaled by the decode probe of their cores over its
+calibration's (`Sides.SERVERS`, the default). The trainer's are not: a decode batch measures
+decode, and a train step did not follow it; `Sides.TRAIN` rescales them by the train probe
+instead, printed beside the rule until passes run after it have tested it. In pass AN (2026-11-28) the
 trainer's core probed 9-12% faster around the balanced async runs than around their calibrations,
 the runs' train steps were not faster, and rescaling the train cost by it caused most of that
 pass's error. Re-predicting passes AI-AN offline with the probe on the servers' side only put all
@@ -26,6 +30,7 @@ rule was chosen on those passes, so the passes after it are its test (docs/simul
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import enum
 import json
 import os
@@ -34,28 +39,79 @@ import time
 import urllib.request
 from typing import Any, Sequence
 
-from flashrl_jax.controller import RunConfig, engine_server_args
+import numpy as np
+
+from flashrl_jax.controller import LearnerProcess, RunConfig, engine_server_args
 from flashrl_jax.fleet import LocalServers
+from flashrl_jax.model import read_config
+from flashrl_jax.trainer import Trajectory, random_trajectories
+
+_PROBES = ("machine_probe", "train_probe")  # the decode probe's keys and the train probe's
+
+
+def pinned_learner(config: RunConfig, core: int, workdir: str) -> LearnerProcess:
+  """A learner process of `config` on `core` alone, whose updates leave its weights unchanged
+  (learning rate 0: every probe steps the same weights through the same arithmetic)."""
+  train = config.train
+  config = config.replace(eval_every=0, precompile=False, train=train.replace(
+      optimizer=dataclasses.replace(train.optimizer, learning_rate=0.0)))
+  mask = os.sched_getaffinity(0)
+  os.sched_setaffinity(0, {core})  # the child inherits this thread's mask
+  try:
+    return LearnerProcess.start(config, workdir)
+  finally:
+    os.sched_setaffinity(0, mask)
+
+
+def probe_batch(config: RunConfig, version: int) -> list[Trajectory]:
+  """The train probe's batch: one step's samples of random tokens, prompts of 8-24 tokens and
+  responses of 1-48 (the same batch every time: seeded), at the learner's `version`."""
+  return random_trajectories(np.random.default_rng(0), config.samples_per_step,
+                             vocab_size=read_config(config.model_path).vocab_size,
+                             prompt_lengths=(8, 24), response_lengths=(1, 48),
+                             group_size=config.group_size, version=version)
+
+
+def train_step_s(learner: LearnerProcess, config: RunConfig) -> float:
+  """Seconds of one update of `learner` on the probe's batch (`probe_batch`)."""
+  batch = probe_batch(config, learner.policy_version)
+  start = time.perf_counter()
+  learner.update(batch)
+  return time.perf_counter() - start
 
 
 class MachineProbe:
-  """Idle engine servers, one pinned to each core, probed on demand (a context manager)."""
+  """Idle engine servers and idle learners, one of each pinned to each core, probed on demand (a
+  context manager)."""
 
   def __init__(self, config: RunConfig, log_dir: str, cores: Sequence[int] | None = None,
-               concurrent: int = 8, tokens: int = 64, reps: int = 15):
+               concurrent: int = 8, tokens: int = 64, reps: int = 15, train_reps: int = 9):
     self.cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
-    self.concurrent, self.tokens, self.reps = concurrent, tokens, reps
+    self.concurrent, self.tokens, self.reps, self.train_reps = concurrent, tokens, reps, train_reps
+    self._config = config
     os.makedirs(log_dir, exist_ok=True)
+    self._learners: list[LearnerProcess] = []
     self._servers = LocalServers.start(
         config.model_path, len(self.cores), cpu_sets=[[c] for c in self.cores], log_dir=log_dir,
         extra_args=engine_server_args(config))
-    self.measure()  # the first requests compile nothing (warmed up) but touch every page
+    try:
+      for core in self.cores:
+        self._learners.append(pinned_learner(config, core, os.path.join(log_dir, f"learner_{core}")))
+      self.measure()  # the first requests compile nothing (warmed up) but touch every page, and
+      self.measure()  # the first update compiles the probe batch's step
+    except BaseException:
+      self.__exit__()
+      raise
 
   def __enter__(self) -> MachineProbe:
     return self
 
   def __exit__(self, *exc) -> None:
-    self._servers.stop()
+    try:
+      for learner in self._learners:
+        learner.close()
+    finally:
+      self._servers.stop()
 
   def _generate(self, url: str) -> None:
     body = json.dumps({"input_ids": list(range(3, 19)),
@@ -72,35 +128,46 @@ class MachineProbe:
     return time.perf_counter() - start
 
   def measure(self) -> dict[str, Any]:
-    """Median seconds of the probe batch on each core's server (cores in turn, so one core's
-    probe does not slow the other's), and their mean."""
-    per_core = {}
+    """Median seconds of the decode probe batch on each core's server and of the train probe's
+    step on each core's learner (one core and one probe at a time, so no probe slows another),
+    and their means over the cores."""
+    decode, train = {}, {}
     with concurrent.futures.ThreadPoolExecutor(self.concurrent) as pool:
       for core, url in zip(self.cores, self._servers.urls):
-        per_core[core] = statistics.median(self._batch_s(url, pool) for _ in range(self.reps))
-    return {"machine_probe_s": statistics.mean(per_core.values()),
-            "machine_probe_per_core": {str(c): s for c, s in per_core.items()}}
+        decode[core] = statistics.median(self._batch_s(url, pool) for _ in range(self.reps))
+    for core, learner in zip(self.cores, self._learners):
+      train[core] = statistics.median(train_step_s(learner, self._config)
+                                      for _ in range(self.train_reps))
+    return {"machine_probe_s": statistics.mean(decode.values()),
+            "machine_probe_per_core": {str(c): s for c, s in decode.items()},
+            "train_probe_s": statistics.mean(train.values()),
+            "train_probe_per_core": {str(c): s for c, s in train.items()}}
 
 
 def around(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-  """Two probes around one measurement, averaged (per core too). Each is kept as well, to tell
-  drift during the measurement from a bias of probing right after its processes exit."""
-  return {"machine_probe_s": (before["machine_probe_s"] + after["machine_probe_s"]) / 2,
-          "machine_probe_before_s": before["machine_probe_s"],
-          "machine_probe_after_s": after["machine_probe_s"],
-          "machine_probe_per_core": {
-              c: (before["machine_probe_per_core"][c] + after["machine_probe_per_core"][c]) / 2
-              for c in before["machine_probe_per_core"]}}
+  """Two probes around one measurement, averaged (per core too), for each probe both took. Each
+  is kept as well, to tell drift during the measurement from a bias of probing right after its
+  processes exit."""
+  out = {}
+  for name in _PROBES:
+    if f"{name}_s" not in before or f"{name}_s" not in after:
+      continue
+    first, last = before[f"{name}_per_core"], after[f"{name}_per_core"]
+    out.update({f"{name}_s": (before[f"{name}_s"] + after[f"{name}_s"]) / 2,
+                f"{name}_before_s": before[f"{name}_s"], f"{name}_after_s": after[f"{name}_s"],
+                f"{name}_per_core": {c: (first[c] + last[c]) / 2 for c in first}})
+  return out
 
 
-def speed_ratio(run: dict[str, Any], calibration: dict[str, Any], cores: Sequence[int]) -> float:
-  """How much slower the machine ran `cores` around a run than around its calibration: the mean
-  of the cores' probe ratios (1 without probes on either side)."""
-  if "machine_probe_per_core" not in run or "machine_probe_per_core" not in calibration:
+def speed_ratio(run: dict[str, Any], calibration: dict[str, Any], cores: Sequence[int],
+                probe: str = "machine_probe") -> float:
+  """How much slower the machine ran `cores` around a run than around its calibration by `probe`
+  (the decode probe, or "train_probe"): the mean of the cores' probe ratios (1 without that probe
+  on either side)."""
+  key = f"{probe}_per_core"
+  if key not in run or key not in calibration:
     return 1.0
-  ratios = [run["machine_probe_per_core"][str(c)] / calibration["machine_probe_per_core"][str(c)]
-            for c in cores]
-  return statistics.mean(ratios)
+  return statistics.mean(run[key][str(c)] / calibration[key][str(c)] for c in cores)
 
 
 class Sides(enum.Enum):
@@ -109,13 +176,16 @@ class Sides(enum.Enum):
   NONE = "none"  # neither: the calibration's costs as measured
   SERVERS = "servers"  # the servers' costs, by their cores' probes (the default: module doc)
   BOTH = "both"  # the trainer's too, by its cores' decode probes (the rule before 2026-11-28)
+  TRAIN = "train"  # the servers' by their decode probes, the trainer's by its cores' train probes
 
 
 def machine_speed(run: dict[str, Any], calibration: dict[str, Any], server_cores: Sequence[int],
                   train_cores: Sequence[int], sides: Sides = Sides.SERVERS
                   ) -> tuple[float, float]:
   """(servers', trainer's) cost factors of a run against its calibration under `sides`: each
-  side that is rescaled gets `speed_ratio` of its cores, the other 1."""
+  side that is rescaled gets `speed_ratio` of its cores by its probe, the other 1."""
   servers = speed_ratio(run, calibration, server_cores) if sides != Sides.NONE else 1.0
-  trainer = speed_ratio(run, calibration, train_cores) if sides == Sides.BOTH else 1.0
+  trainer = {Sides.BOTH: lambda: speed_ratio(run, calibration, train_cores),
+             Sides.TRAIN: lambda: speed_ratio(run, calibration, train_cores, "train_probe"),
+             }.get(sides, lambda: 1.0)()
   return servers, trainer

@@ -3,7 +3,6 @@ hand-computed step), the calibration's fits, the layouts it measures, and the pa
 
 import asyncio
 import dataclasses
-import functools
 import json
 import os
 import pathlib
@@ -92,40 +91,6 @@ def test_a_run_sits_between_its_calibrations_by_its_midpoint():
   assert weight(400.0, 500.0, before=100.0, after=300.0) == 1.0
   with pytest.raises(ValueError):
     weight(140.0, 160.0, before=300.0, after=300.0)
-
-
-def test_a_runs_costs_follow_the_machine_probe_of_its_own_cores():
-  from experiments import _machine_probe
-  # Tried: probes before and after a run (core 0 slowed from 20 to 30 ms, core 1 steady at 10),
-  # against a calibration probed at 20 and 10 ms.
-  before = {"machine_probe_s": 15e-3, "machine_probe_per_core": {"0": 20e-3, "1": 10e-3}}
-  after = {"machine_probe_s": 20e-3, "machine_probe_per_core": {"0": 30e-3, "1": 10e-3}}
-  run = _machine_probe.around(before, after)
-  assert run["machine_probe_per_core"] == pytest.approx({"0": 25e-3, "1": 10e-3})
-  assert (run["machine_probe_before_s"], run["machine_probe_after_s"]) == (15e-3, 20e-3)
-  calibration = {"machine_probe_s": 15e-3, "machine_probe_per_core": {"0": 20e-3, "1": 10e-3}}
-  assert _machine_probe.speed_ratio(run, calibration, [0]) == pytest.approx(1.25)  # the server's
-  assert _machine_probe.speed_ratio(run, calibration, [1]) == pytest.approx(1.0)  # the trainer's
-  assert _machine_probe.speed_ratio(run, calibration, [0, 1]) == pytest.approx(1.125)
-  assert _machine_probe.speed_ratio({}, calibration, [0]) == 1.0  # a run without probes
-  # A calibration blended from two keeps a probe per core to compare with.
-  later = {**calibration, "machine_probe_per_core": {"0": 30e-3, "1": 20e-3}}
-  mid = _calibration_fits.blended({**_calibration_of(50, 0.004, 0.1), **calibration},
-                                  {**_calibration_of(50, 0.004, 0.1), **later}, 0.5)
-  assert _machine_probe.speed_ratio(run, mid, [0]) == pytest.approx(1.0)
-
-
-def test_the_probe_rescales_the_servers_costs_and_leaves_the_trainers_by_default():
-  from experiments import _machine_probe
-  # Tried: around the run the servers' core 0 probed 1.2x slower and the trainer's core 1 0.9x
-  # (faster), as pass AN's trainer core read while its train steps were not faster.
-  calibration = {"machine_probe_s": 15e-3, "machine_probe_per_core": {"0": 20e-3, "1": 10e-3}}
-  run = {"machine_probe_s": 16.5e-3, "machine_probe_per_core": {"0": 24e-3, "1": 9e-3}}
-  speed = functools.partial(_machine_probe.machine_speed, run, calibration, [0], [1])
-  assert speed() == pytest.approx((1.2, 1.0))
-  assert speed(_machine_probe.Sides.BOTH) == pytest.approx((1.2, 0.9))
-  assert speed(_machine_probe.Sides.NONE) == (1.0, 1.0)
-  assert _machine_probe.machine_speed({}, calibration, [0], [1]) == (1.0, 1.0)  # no run probe
 
 
 def test_async_prediction_uses_the_async_layout_and_the_bound():

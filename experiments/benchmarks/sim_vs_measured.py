@@ -2,40 +2,39 @@
 
     python -m experiments.benchmarks.sim_vs_measured [--regimes=longtail,balanced]
         [--modes=sync,1,2,4] [--repeats=3] [--nobracket] [--nomachine_probe]
-        [--probe_sides=servers|both|none] [--out=DIR]
+        [--probe_sides=servers|both|train|none] [--out=DIR]
     python -m experiments.benchmarks.sim_vs_measured --repredict=DIR [--probe_sides=...]
 
 For each regime (a run config file) the script first calibrates `flashrl_jax.sim` with standalone
 microbenchmarks of the real parts (`experiments/_calibration.py`: decode step by live requests on
-the run's own server layout, per-request cost as runs send their requests — sync: a batch after
-each idle handoff; async: a batch's groups after each weight handoff — handoff, the initial
-policy's response lengths, train step and export by trained tokens), once for the sync core layout
-and once for the async split. Then it runs each mode for real (`python -m experiments.train`, real
-servers and trainer), calibrates both layouts again (`--bracket`, the default), and predicts each
-run's samples/s from the two calibrations blended at the run's time: nothing measured in a run
-goes into its prediction. Around each calibration and each run an idle engine server per core
-times a small decode batch (`--machine_probe`, the default; `experiments/_machine_probe.py`): the
-machine's speed that minute, which drifts by 10-25% within a pass; a run's servers' costs are
-rescaled by their cores' probe over its calibration's (the trainer's core's decode probe is
-printed, not applied: `experiments/_machine_probe.py` says why). Both sides are timed on a shared
-machine, so the calibrated costs are also rescaled to the CPU contention the run met: the
-kernel's per-thread time on a CPU and time waiting for one give, for the servers and for the
-trainer's process, (run + wait) / run over the run's timed steps and over the calibration's decode
-and train measurements; the rollout costs are multiplied by the servers' ratio of the two, the
-trainer's by its process's. In the async split
-the trainer's process shares its core with the controller's loop (1+1) or a server (2+1), and the
-calibrated interference factors charge that sharing (measured as the calibration's async layout
-places it: the learner process beside the client, `experiments/_calibration.py`); so that the
-ratio does not charge it again, an async run's contention is divided by the calibration's as a
-run would meet it: alone and beside the other side, weighted by the share of each side's time the
-simulation spends beside the other (`reference_contention`). Every row prints the prediction with
-that rescaling, with the alone-only rescaling used before (which counts the sharing twice),
-without rescaling, from the first calibration alone, without the machine probe and with it on
-the trainer's costs too, the
-measurement (samples/s over the steps after `--warmup_steps`, as `async_vs_sync` measures it)
-and the error, and the run's mean response length beside the calibration's: the calibration
-samples the initial policy, and a run whose policy drifts to shorter answers is faster than that
-policy would be (docs/simulator.md).
+the run's own server layout, per-request cost as runs send their requests — sync: a batch after each
+idle handoff; async: a batch's groups after each weight handoff — handoff, the initial policy's
+response lengths, train step and export by trained tokens), once for the sync core layout and once
+for the async split. Then it runs each mode for real (`python -m experiments.train`, real servers
+and trainer), calibrates both layouts again (`--bracket`, the default), and predicts each run's
+samples/s from the two calibrations blended at the run's time: nothing measured in a run goes into
+its prediction. Around each calibration and each run an idle engine server per core times a small
+decode batch and an idle learner per core a fixed train step (`--machine_probe`, the default;
+`experiments/_machine_probe.py`): the machine's speed that minute, which drifts by 10-25% within a
+pass; a run's servers' costs are rescaled by their cores' decode probe over its calibration's (the
+trainer's core's probes are printed, not applied: `experiments/_machine_probe.py` says why). Both
+sides are timed on a shared machine, so the calibrated costs are also rescaled to the CPU contention
+the run met: the kernel's per-thread time on a CPU and time waiting for one give, for the servers
+and for the trainer's process, (run + wait) / run over the run's timed steps and over the
+calibration's decode and train measurements; the rollout costs are multiplied by the servers' ratio
+of the two, the trainer's by its process's. In the async split the trainer's process shares its core
+with the controller's loop (1+1) or a server (2+1), and the calibrated interference factors charge
+that sharing (measured as the calibration's async layout places it: the learner process beside the
+client, `experiments/_calibration.py`); so that the ratio does not charge it again, an async run's
+contention is divided by the calibration's as a run would meet it: alone and beside the other side,
+weighted by the share of each side's time the simulation spends beside the other
+(`reference_contention`). Every row prints the prediction with that rescaling, with the alone-only
+rescaling used before (which counts the sharing twice), without rescaling, from the first
+calibration alone, without the machine probe, with the decode probe on the trainer's costs too and
+with the train probe on them (`--probe_sides=train`), the measurement (samples/s over the steps
+after `--warmup_steps`, as `async_vs_sync` measures it) and the error, and the run's mean response
+length beside the calibration's: the calibration samples the initial policy, and a run whose policy
+drifts to shorter answers is faster than that policy would be (docs/simulator.md).
 
 With `--repeats=N` every mode runs N times (interleaved, reversed on odd repeats) and, per mode, the
 median prediction is compared with the median measurement too: on this 2-core machine one run of a
@@ -107,7 +106,8 @@ _PROBE = flags.DEFINE_bool(
     "(experiments/_machine_probe.py).")
 _SIDES = flags.DEFINE_enum(
     "probe_sides", "servers", [s.value for s in _machine_probe.Sides],
-    "Which costs the machine probe rescales: the servers' (default), both sides' or none "
+    "Which costs the machine probe rescales: the servers' (default), both sides' by the decode "
+    "probe, the servers' by it and the trainer's by the train probe (train), or none "
     "(experiments/_machine_probe.py says why not the trainer's).")
 _OUT = flags.DEFINE_string("out", None, "Directory for runs and calibrations (default: temp).")
 _REPREDICT = flags.DEFINE_string(
@@ -366,21 +366,31 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
          "servers": info["servers"], "busy_fraction": float(np.mean(
              [r.rollout_busy_fraction for r in results]))}
   if "machine_probe_s" in info and "machine_probe_s" in cal:
-    machine = p["machine"]
+    machine, Sides = p["machine"], _machine_probe.Sides
+    others = [Sides.NONE, Sides.BOTH] + (  # the train probe: passes since 2026-11-28 14:00
+        [Sides.TRAIN] if "train_probe_s" in info and "train_probe_s" in cal else [])
     other = {other: predicted if other == sides else  # the rule applied: computed above
              predicted_samples_per_s(done, path, cal, steps, warmup, other)["predicted"]
-             for other in (_machine_probe.Sides.NONE, _machine_probe.Sides.BOTH)}
-    unprobed, both = other[_machine_probe.Sides.NONE], other[_machine_probe.Sides.BOTH]
+             for other in others}
+    unprobed, both = other[Sides.NONE], other[Sides.BOTH]
     trainer_probe = _machine_probe.speed_ratio(info, cal, cal["placement"]["train_cpus"])
     row.update(machine_speed=[machine.servers, machine.trainer], trainer_core_probe=trainer_probe,
                predicted_unprobed=unprobed, error_unprobed=error(unprobed),
                predicted_probe_both=both, error_probe_both=error(both))
+    train = ""
+    if Sides.TRAIN in other:
+      train_probe = _machine_probe.speed_ratio(info, cal, cal["placement"]["train_cpus"],
+                                               "train_probe")
+      row.update(trainer_core_train_probe=train_probe, predicted_probe_train=other[Sides.TRAIN],
+                 error_probe_train=error(other[Sides.TRAIN]))
+      train = (f"; the trainer's core's train probe x{train_probe:.3f}, with it on the trainer "
+               f"{other[Sides.TRAIN]:7.2f} ({row['error_probe_train']:5.1%})")
     print(f"{done.regime:>9} {name:<10} r{done.repeat} machine probe around the run "
           f"{info['machine_probe_s'] * 1e3:.1f} ms against the calibration's "
           f"{cal['machine_probe_s'] * 1e3:.1f} ms: costs x{machine.servers:.3f} (servers) "
-          f"x{machine.trainer:.3f} (trainer; its core probed x{trainer_probe:.3f}); predicted "
-          f"without the probe {unprobed:7.2f} ({row['error_unprobed']:5.1%}), with it on both "
-          f"sides {both:7.2f} ({row['error_probe_both']:5.1%})", flush=True)
+          f"x{machine.trainer:.3f} (trainer; its core's decode probe x{trainer_probe:.3f}); "
+          f"predicted without the probe {unprobed:7.2f} ({row['error_unprobed']:5.1%}), with it on "
+          f"both sides {both:7.2f} ({row['error_probe_both']:5.1%}){train}", flush=True)
   bracket = ""
   if first is not None:
     before_only = predicted_samples_per_s(done, path, first, steps, warmup, sides)["predicted"]

@@ -1,0 +1,102 @@
+"""The machine probe (`experiments/_machine_probe.py`): how a run's probes compare with its
+calibration's, which costs each rule rescales, and the probe itself for real (an engine server
+and a learner process on one core). What is tried: a core that slowed around a run against one
+that did not, a run or calibration without a probe (older passes, `--nomachine_probe`), a
+calibration blended from two, the train probe next to the decode probe, and a learner probed
+many times, whose weights must not move (its steps would otherwise change what they compute)."""
+
+import dataclasses
+import functools
+import glob
+import os
+import pathlib
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from experiments import _calibration_fits, _machine_probe
+from experiments._cli import load_config_file
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+Sides = _machine_probe.Sides
+
+
+def test_a_runs_costs_follow_the_machine_probe_of_its_own_cores():
+  # Tried: probes before and after a run (core 0 slowed from 20 to 30 ms, core 1 steady at 10),
+  # against a calibration probed at 20 and 10 ms.
+  before = {"machine_probe_s": 15e-3, "machine_probe_per_core": {"0": 20e-3, "1": 10e-3}}
+  after = {"machine_probe_s": 20e-3, "machine_probe_per_core": {"0": 30e-3, "1": 10e-3}}
+  run = _machine_probe.around(before, after)
+  assert run["machine_probe_per_core"] == pytest.approx({"0": 25e-3, "1": 10e-3})
+  assert (run["machine_probe_before_s"], run["machine_probe_after_s"]) == (15e-3, 20e-3)
+  assert "train_probe_s" not in run  # probes taken before the train probe existed
+  calibration = {"machine_probe_s": 15e-3, "machine_probe_per_core": {"0": 20e-3, "1": 10e-3}}
+  assert _machine_probe.speed_ratio(run, calibration, [0]) == pytest.approx(1.25)  # the server's
+  assert _machine_probe.speed_ratio(run, calibration, [1]) == pytest.approx(1.0)  # the trainer's
+  assert _machine_probe.speed_ratio(run, calibration, [0, 1]) == pytest.approx(1.125)
+  assert _machine_probe.speed_ratio({}, calibration, [0]) == 1.0  # a run without probes
+  assert _machine_probe.speed_ratio(run, calibration, [0], "train_probe") == 1.0  # nor train
+  # A calibration blended from two keeps a probe per core to compare with.
+  later = {**calibration, "machine_probe_per_core": {"0": 30e-3, "1": 20e-3}}
+  mid = _calibration_fits.blended(calibration, later, 0.5)
+  assert _machine_probe.speed_ratio(run, mid, [0]) == pytest.approx(1.0)
+
+
+def test_the_probe_rescales_the_servers_costs_and_leaves_the_trainers_by_default():
+  # Tried: around the run the servers' core 0 probed 1.2x slower and the trainer's core 1 0.9x
+  # (faster), as pass AN's trainer core read while its train steps were not faster; the train
+  # probe read the trainer's core 1.1x slower.
+  calibration = {"machine_probe_s": 15e-3, "machine_probe_per_core": {"0": 20e-3, "1": 10e-3},
+                 "train_probe_s": 0.05, "train_probe_per_core": {"0": 0.05, "1": 0.04}}
+  run = {"machine_probe_s": 16.5e-3, "machine_probe_per_core": {"0": 24e-3, "1": 9e-3},
+         "train_probe_s": 0.05, "train_probe_per_core": {"0": 0.05, "1": 0.044}}
+  speed = functools.partial(_machine_probe.machine_speed, run, calibration, [0], [1])
+  assert speed() == pytest.approx((1.2, 1.0))
+  assert speed(Sides.BOTH) == pytest.approx((1.2, 0.9))
+  assert speed(Sides.TRAIN) == pytest.approx((1.2, 1.1))
+  assert speed(Sides.NONE) == (1.0, 1.0)
+  assert _machine_probe.machine_speed({}, calibration, [0], [1]) == (1.0, 1.0)  # no run probe
+
+
+def test_both_probes_are_averaged_around_a_measurement():
+  before = {"machine_probe_s": 10e-3, "machine_probe_per_core": {"0": 10e-3},
+            "train_probe_s": 0.04, "train_probe_per_core": {"0": 0.04}}
+  after = {"machine_probe_s": 12e-3, "machine_probe_per_core": {"0": 12e-3},
+           "train_probe_s": 0.06, "train_probe_per_core": {"0": 0.06}}
+  run = _machine_probe.around(before, after)
+  assert run["train_probe_per_core"] == pytest.approx({"0": 0.05})
+  assert (run["train_probe_before_s"], run["train_probe_after_s"]) == (0.04, 0.06)
+  assert run["machine_probe_per_core"] == pytest.approx({"0": 11e-3})
+
+
+def _weights(path: str) -> dict[str, np.ndarray]:
+  out = {}
+  for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+    out.update(load_file(file))
+  return out
+
+
+def test_the_train_probes_learner_is_pinned_and_its_weights_never_change(run_model, tmp_path):
+  # The whole probe (servers and learners together) runs in every sim_vs_measured pass; here its
+  # learner alone (a server would add ~15 s of start-up to the suite).
+  config = load_config_file(str(REPO / "experiments/configs/repeat.py"))
+  train = config.train
+  config = config.replace(model_path=run_model, workdir=str(tmp_path / "run"), batch_size=4,
+                          group_size=4, train=train.replace(batch=dataclasses.replace(
+                              train.batch, row_length=128, rows=4, sequences_per_row=4,
+                              max_response_length=48)))
+  core, mask = min(os.sched_getaffinity(0)), os.sched_getaffinity(0)
+  learner = _machine_probe.pinned_learner(config, core, str(tmp_path / "learner"))
+  try:
+    assert os.sched_getaffinity(0) == mask  # starting it left this process's mask alone
+    assert os.sched_getaffinity(learner.pid) == {core}
+    first = _weights(learner.export())
+    seconds = [_machine_probe.train_step_s(learner, config) for _ in range(3)]
+    assert learner.policy_version == 3 and all(s > 0 for s in seconds)  # it trained three steps
+    last = _weights(learner.export())
+  finally:
+    learner.close()
+  assert first.keys() == last.keys()
+  for name in first:  # learning rate 0: every probe steps the same weights
+    np.testing.assert_array_equal(first[name], last[name], err_msg=name)
