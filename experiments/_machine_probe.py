@@ -18,7 +18,10 @@ arithmetic never change) times the same train step on a fixed batch, the median 
 the train probe. A run's servers' costs are rescaled by the decode probe of their cores over its
 calibration's (`Sides.SERVERS`, the default). The trainer's are not: a decode batch measures
 decode, and a train step did not follow it; `Sides.TRAIN` rescales them by the train probe
-instead, printed beside the rule until passes run after it have tested it. In pass AN (2026-11-28) the
+instead, printed beside the rule, not applied: in its first pass (AS, 2026-11-28, on a machine
+2-3x slower whose speed flipped between two modes second to second) it read the trainer's core
+x0.79-1.09 of its calibrations', moved with neither the runs' train steps nor the decode probe,
+and raised the largest error from 0.281 to 0.337 (docs/simulator.md). In pass AN (2026-11-28) the
 trainer's core probed 9-12% faster around the balanced async runs than around their calibrations,
 the runs' train steps were not faster, and rescaling the train cost by it caused most of that
 pass's error. Re-predicting passes AI-AN offline with the probe on the servers' side only put all
