@@ -8,27 +8,26 @@ contention (`experiments._cpu_time`) sees other processes taking our cores, not 
 slower, and the pure-Python load probe (cache-resident work) moved by 1-5% when runs moved by 20%.
 
 So one idle engine server per core, started once per regime with the runs' own model and server
-flags, is sent the same small decode batch just before and just after each calibration and each
-run: the wall time of `concurrent` requests of `tokens` tokens (`ignore_eos`, greedy), the median
-of `reps`, per core (15 batches of 8 x 64 tokens: 0.8 s a probe; ten probes in a row on an idle
-machine within 5% of one another). The servers wait on a condition variable between probes (no
-CPU: they do not disturb what is measured beside them). Beside each server, one idle learner
-process per core (the regime's model and train config, learning rate 0 so its weights and so its
-arithmetic never change) times the same train step on a fixed batch, the median of `train_reps`:
-the train probe. A run's servers' costs are rescaled by the decode probe of their cores over its
-calibration's (`Sides.SERVERS`, the default). The trainer's are not: a decode batch measures
-decode, and a train step did not follow it; `Sides.TRAIN` rescales them by the train probe
-instead, printed beside the rule, not applied: in its first pass (AS, 2026-11-28, on a machine
-2-3x slower whose speed flipped between two modes second to second) it read the trainer's core
-x0.79-1.09 of its calibrations', moved with neither the runs' train steps nor the decode probe,
-and raised the largest error from 0.281 to 0.337 (docs/simulator.md). In pass AN (2026-11-28) the
-trainer's core probed 9-12% faster around the balanced async runs than around their calibrations,
-the runs' train steps were not faster, and rescaling the train cost by it caused most of that
-pass's error. Re-predicting passes AI-AN offline with the probe on the servers' side only put all
-six within 15% (largest errors 0.142, 0.100, 0.144, 0.140, 0.067, 0.091; on both sides: 0.139,
-0.114, 0.150, 0.154, 0.092, 0.149; without it: 0.214, 0.090, 0.147, 0.130, 0.126, 0.042). That
-rule was chosen on those passes, so the passes after it are its test (docs/simulator.md).
-"""
+flags, is sent the same small decode batch just before and just after each calibration and each run:
+the wall time of `concurrent` requests of `tokens` tokens (`ignore_eos`, greedy), the median of
+`reps`, per core (15 batches of 8 x 64 tokens: 0.8 s a probe; ten probes in a row on an idle machine
+within 5% of one another). The servers wait on a condition variable between probes (no CPU: they do
+not disturb what is measured beside them). Beside each server, one idle learner process per core
+(the regime's model and train config, learning rate 0 so its weights and so its arithmetic never
+change) times the same train step on a fixed batch, the median of `train_reps`: the train probe. A
+run's servers' costs are rescaled by the decode probe of their cores over its calibration's
+(`Sides.SERVERS`, the default). The trainer's are not: a decode batch measures decode, and a train
+step did not follow it; `Sides.TRAIN` rescales them by the train probe instead, printed beside the
+rule, not applied: in its first pass (AS, 2026-11-28, on a machine 2-3x slower whose speed flipped
+between two modes within minutes) it read the trainer's core x0.79-1.09 of its calibrations', moved
+with neither the runs' train steps nor the decode probe, and raised the largest error from 0.281 to
+0.337 (docs/simulator.md). In pass AN (2026-11-28) the trainer's core probed 9-12% faster around the
+balanced async runs than around their calibrations, the runs' train steps were not faster, and
+rescaling the train cost by it caused most of that pass's error. Re-predicting passes AI-AN offline
+with the probe on the servers' side only put all six within 15% (largest errors 0.142, 0.100, 0.144,
+0.140, 0.067, 0.091; on both sides: 0.139, 0.114, 0.150, 0.154, 0.092, 0.149; without it: 0.214,
+0.090, 0.147, 0.130, 0.126, 0.042). That rule was chosen on those passes, so the passes after it are
+its test (docs/simulator.md). """
 
 from __future__ import annotations
 
