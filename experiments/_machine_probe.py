@@ -27,7 +27,8 @@ rescaling the train cost by it caused most of that pass's error. Re-predicting p
 with the probe on the servers' side only put all six within 15% (largest errors 0.142, 0.100, 0.144,
 0.140, 0.067, 0.091; on both sides: 0.139, 0.114, 0.150, 0.154, 0.092, 0.149; without it: 0.214,
 0.090, 0.147, 0.130, 0.126, 0.042). That rule was chosen on those passes, so the passes after it are
-its test (docs/simulator.md). """
+its test (docs/simulator.md).
+"""
 
 from __future__ import annotations
 
@@ -98,7 +99,8 @@ class MachineProbe:
         extra_args=engine_server_args(config))
     try:
       for core in self.cores:
-        self._learners.append(pinned_learner(config, core, os.path.join(log_dir, f"learner_{core}")))
+        self._learners.append(
+            pinned_learner(config, core, os.path.join(log_dir, f"learner_{core}")))
       self.measure()  # the first requests compile nothing (warmed up) but touch every page, and
       self.measure()  # the first update compiles the probe batch's step
     except BaseException:
