@@ -35,6 +35,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import enum
+import functools
 import json
 import os
 import statistics
@@ -66,11 +67,16 @@ def pinned_learner(config: RunConfig, core: int, workdir: str) -> LearnerProcess
     os.sched_setaffinity(0, mask)
 
 
+@functools.cache
+def _vocab_size(model_path: str) -> int:
+  return read_config(model_path).vocab_size  # read once, not at every probe step
+
+
 def probe_batch(config: RunConfig, version: int) -> list[Trajectory]:
   """The train probe's batch: one step's samples of random tokens, prompts of 8-24 tokens and
   responses of 1-48 (the same batch every time: seeded), at the learner's `version`."""
   return random_trajectories(np.random.default_rng(0), config.samples_per_step,
-                             vocab_size=read_config(config.model_path).vocab_size,
+                             vocab_size=_vocab_size(config.model_path),
                              prompt_lengths=(8, 24), response_lengths=(1, 48),
                              group_size=config.group_size, version=version)
 
@@ -101,8 +107,9 @@ class MachineProbe:
       for core in self.cores:
         self._learners.append(
             pinned_learner(config, core, os.path.join(log_dir, f"learner_{core}")))
-      self.measure()  # the first requests compile nothing (warmed up) but touch every page, and
-      self.measure()  # the first update compiles the probe batch's step
+      # Untimed: the first requests compile nothing (warmed up) but touch every page, and each
+      # learner's first update compiles the probe batch's step.
+      self.measure()
     except BaseException:
       self.__exit__()
       raise

@@ -367,7 +367,7 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
              [r.rollout_busy_fraction for r in results]))}
   if "machine_probe_s" in info and "machine_probe_s" in cal:
     machine, Sides = p["machine"], _machine_probe.Sides
-    others = [Sides.NONE, Sides.BOTH] + (  # the train probe: passes since 2026-11-28 14:00
+    others = [Sides.NONE, Sides.BOTH] + (  # the train probe: passes since eb808f8
         [Sides.TRAIN] if "train_probe_s" in info and "train_probe_s" in cal else [])
     other = {other: predicted if other == sides else  # the rule applied: computed above
              predicted_samples_per_s(done, path, cal, steps, warmup, other)["predicted"]
