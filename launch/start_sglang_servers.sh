@@ -25,7 +25,8 @@ MODEL_PATH=${2:?usage: $0 K MODEL_PATH [BASE_PORT]}
 BASE_PORT=${3:-30000}
 PYTHON=${PYTHON:-python3}
 PER=${GPUS_PER_SERVER:-1}
-LOG_DIR=${LOG_DIR:-$(mktemp -d -t sglang_servers_XXXXXX)}
+# A dry run starts nothing, so it makes no log directory.
+if [ -z "${DRY_RUN:-}" ]; then LOG_DIR=${LOG_DIR:-$(mktemp -d -t sglang_servers_XXXXXX)}; fi
 TIMEOUT=${STARTUP_TIMEOUT_S:-900}
 
 pids=()

@@ -26,10 +26,12 @@ def write_hf_checkpoint(path: str, *, seed: int = 0):
   return model
 
 
-def start_servers(model_path: str, num: int = 1, *extra: str) -> LocalServers:
-  """`num` real server processes (pinned to no core: the tests share two)."""
+def start_servers(model_path: str, num: int = 1, *extra: str, log_dir: str) -> LocalServers:
+  """`num` real server processes (pinned to no core: the tests share two), logging under
+  `log_dir` (a test's temporary directory: the library's default is a temp dir it keeps)."""
   # No warm-up: it compiles every shape of a 1024-token context, the tests use a few of them.
   return LocalServers.start(model_path, num, extra_args=("--max_running_requests=4",
                                                          "--max_prefill_batch=2", "--nowarmup",
                                                          *extra),
-                            env=dict(os.environ, JAX_PLATFORMS="cpu"), startup_timeout_s=300)
+                            env=dict(os.environ, JAX_PLATFORMS="cpu"), startup_timeout_s=300,
+                            log_dir=log_dir)

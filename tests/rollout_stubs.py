@@ -14,8 +14,10 @@ STUB_COMMAND = stub_server_command()
 VOCAB = 1000
 
 
-def start_stubs(num: int, model_path: str, *extra_args: str, log_dir: str | None = None,
+def start_stubs(num: int, model_path: str, *extra_args: str, log_dir: str,
                 **kwargs) -> LocalServers:
+  """`num` stub server processes logging under `log_dir` (a test's temporary directory: the
+  library's default is a temp dir it keeps)."""
   return LocalServers.start(model_path, num, command=STUB_COMMAND, extra_args=extra_args,
                             startup_timeout_s=60.0, log_dir=log_dir, **kwargs)
 

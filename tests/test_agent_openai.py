@@ -50,11 +50,11 @@ def rescore(url, prompt, response):
   return [e[0] for e in entries[1:]]
 
 
-def test_agent_code_turns_are_recorded_and_assembled(model):
+def test_agent_code_turns_are_recorded_and_assembled(model, tmp_path):
   tokenizer = char_tokenizer()
 
   async def run():
-    with start_servers(model, 1) as servers:
+    with start_servers(model, 1, log_dir=str(tmp_path / "logs")) as servers:
       client = RolloutClient(servers.urls, vocab_size=96)
       async with Fleet(client, pause_mode=PauseMode.ABORT) as fleet:
         sampling = SamplingParams(max_new_tokens=8, stop_token_ids=(2,))

@@ -32,7 +32,8 @@ async def _length_reward(prompt: str, text: str, sample: envs.Sample) -> envs.Re
 def stubs(tmp_path_factory):
   root = tmp_path_factory.mktemp("group_runner")
   (root / "weights").mkdir()
-  with start_stubs(2, str(root / "weights"), "--token_latency_s=0.002") as servers:
+  with start_stubs(2, str(root / "weights"), "--token_latency_s=0.002",
+                   log_dir=str(root / "logs")) as servers:
     yield servers
 
 

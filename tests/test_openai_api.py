@@ -36,7 +36,8 @@ TOOL_TURNS = [
 def served(tmp_path_factory):
   path = str(tmp_path_factory.mktemp("openai_model"))
   write_hf_checkpoint(path)
-  with start_servers(path, 1, "--served_model_name=tiny") as servers:
+  with start_servers(path, 1, "--served_model_name=tiny",
+                     log_dir=str(tmp_path_factory.mktemp("openai_logs"))) as servers:
     url = servers.urls[0]
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
     yield url, client, transformers.AutoTokenizer.from_pretrained(path)

@@ -26,7 +26,8 @@ from tests.api_servers import start_servers, write_hf_checkpoint
 def served(tmp_path_factory):
   path = str(tmp_path_factory.mktemp("contract_model"))
   hf = write_hf_checkpoint(path)
-  with start_servers(path, 1, "--served_model_name=tiny-qwen3") as servers:
+  with start_servers(path, 1, "--served_model_name=tiny-qwen3",
+                     log_dir=str(tmp_path_factory.mktemp("contract_logs"))) as servers:
     yield servers.urls[0], hf
 
 

@@ -38,7 +38,7 @@ def fleet(tmp_path_factory):
   old, new = str(root / "v0"), str(root / "v1")
   write_hf_checkpoint(old, seed=0)
   write_hf_checkpoint(new, seed=1)
-  with start_servers(old, 2) as servers:
+  with start_servers(old, 2, log_dir=str(root / "logs")) as servers:
     port = free_port()
     log = open(root / "router.log", "w")
     router = subprocess.Popen(
