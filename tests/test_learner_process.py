@@ -16,12 +16,12 @@ import time
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
 from experiments._cli import load_config_file
 from flashrl_jax.controller import Learner, LearnerProcess, LearnerProcessError
 from flashrl_jax.controller._config import config_from_json, config_to_json
 from flashrl_jax.model import read_config
+from flashrl_jax.testing import read_weights
 from flashrl_jax.trainer import Message, Op, random_trajectories
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,13 +40,6 @@ def _trajectories(model: str, version: int):
   return random_trajectories(rng, 8, vocab_size=read_config(model).vocab_size,
                              prompt_lengths=(2, 8), response_lengths=(1, 16), group_size=4,
                              version=version)
-
-
-def _weights(path: str) -> dict[str, np.ndarray]:
-  out = {}
-  for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
-    out.update(load_file(file))
-  return out
 
 
 def test_every_shipped_config_crosses_the_process_boundary_unchanged():
@@ -69,7 +62,7 @@ def test_same_updates_exports_and_checkpoints_as_in_this_process(run_model, tmp_
         if "time" not in key and "per_second" not in key:
           assert there[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
       assert remote.policy_version == local.policy_version == version + 1
-    ours, theirs = _weights(local.export()), _weights(remote.export())
+    ours, theirs = read_weights(local.export()), read_weights(remote.export())
     assert ours.keys() == theirs.keys() and ours
     for name in ours:
       np.testing.assert_allclose(theirs[name], ours[name], rtol=1e-6, atol=1e-7, err_msg=name)
@@ -84,7 +77,7 @@ def test_same_updates_exports_and_checkpoints_as_in_this_process(run_model, tmp_
   try:
     assert again.restore() == {"step": 3, "note": "after three updates"}
     assert again.policy_version == 3
-    np.testing.assert_allclose(_weights(again.export())["model.embed_tokens.weight"],
+    np.testing.assert_allclose(read_weights(again.export())["model.embed_tokens.weight"],
                                ours["model.embed_tokens.weight"], rtol=1e-6, atol=1e-7)
   finally:
     again.close()

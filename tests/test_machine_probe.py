@@ -7,16 +7,15 @@ many times, whose weights must not move (its steps would otherwise change what t
 
 import dataclasses
 import functools
-import glob
 import os
 import pathlib
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
 from experiments import _calibration_fits, _machine_probe
 from experiments._cli import load_config_file
+from flashrl_jax.testing import read_weights
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 Sides = _machine_probe.Sides
@@ -70,13 +69,6 @@ def test_both_probes_are_averaged_around_a_measurement():
   assert run["machine_probe_per_core"] == pytest.approx({"0": 11e-3})
 
 
-def _weights(path: str) -> dict[str, np.ndarray]:
-  out = {}
-  for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
-    out.update(load_file(file))
-  return out
-
-
 def test_the_train_probes_learner_is_pinned_and_its_weights_never_change(run_model, tmp_path):
   # The whole probe (servers and learners together) runs in every sim_vs_measured pass; here its
   # learner alone (a server would add ~15 s of start-up to the suite).
@@ -91,10 +83,10 @@ def test_the_train_probes_learner_is_pinned_and_its_weights_never_change(run_mod
   try:
     assert os.sched_getaffinity(0) == mask  # starting it left this process's mask alone
     assert os.sched_getaffinity(learner.pid) == {core}
-    first = _weights(learner.export())
+    first = read_weights(learner.export())
     seconds = [_machine_probe.train_step_s(learner, config) for _ in range(3)]
     assert learner.policy_version == 3 and all(s > 0 for s in seconds)  # it trained three steps
-    last = _weights(learner.export())
+    last = read_weights(learner.export())
   finally:
     learner.close()
   assert first.keys() == last.keys()
