@@ -106,3 +106,58 @@ def rescaled_prediction(calibration: dict, contention: Contention,
         and abs(moved.rollout_beside_train - overlap.rollout_beside_train) < tolerance):
       break
   return results, slowdown
+
+
+def beside_contention(alone: float, overall: float, beside_fraction: float) -> float:
+  """The contention a thread met while beside the other side, if it met `alone` for the rest of
+  its wall time and `overall` over all of it: `mixed_contention` solved for `beside`. Where
+  `overall` is too high for that (beside would be unbounded), infinity."""
+  if not 0.0 < beside_fraction <= 1.0:
+    raise ValueError(f"beside_fraction must be in (0, 1], got {beside_fraction}")
+  inverse = (1.0 / overall - (1.0 - beside_fraction) / alone) / beside_fraction
+  return 1.0 / inverse if inverse > 0.0 else float("inf")
+
+
+def shared_core_train_factor(calibration: dict, run_trainer_contention: float,
+                             train_beside_rollout: float) -> float:
+  """The train step's slowdown beside rollout in a run, from how hard its core was shared.
+
+  The calibration measured the step twice: alone (contention a), and beside a client that keeps
+  half the slots decoding and never waits (contention b, the step `factor` times slower). A run's
+  client waits (held back by α and by the trainer), so it shares the trainer's core less. This
+  reading keeps the calibration's background load (the alone phase unchanged) and puts the run's
+  trainer contention above a into its beside phase: that phase's contention x
+  (`beside_contention`, within [a, b]) places the run between the two measured conditions, and
+  the factor goes linearly from 1 at x = a (no sharing) to `factor` at x = b. Why not the rule's
+  `reference_contention`: it reads a run contention below the calibration's mix as a lighter
+  background, so it sped up the alone phase too (pass AS, 2026-11-28: the balanced async runs'
+  trainer contention 1.37-1.38 against the calibration's beside 1.97 and alone 1.15; predicted
+  10-23% too fast, docs/simulator.md). Printed beside the rule (`--repredict` too), not applied:
+  written before pass AT was read, so AT and later passes test it."""
+  tr = calibration["trainer"]
+  factor = calibration["interference"]["train_beside_rollout"]
+  if "beside_rollout" not in tr or train_beside_rollout <= 0.0:
+    return factor
+  alone, beside = tr["alone"]["contention"], tr["beside_rollout"]["contention"]
+  if beside <= alone:
+    return factor
+  x = beside_contention(alone, run_trainer_contention, train_beside_rollout)
+  x = min(max(x, alone), beside)
+  return 1.0 + (factor - 1.0) * (x - alone) / (beside - alone)
+
+
+def shared_core_prediction(calibration: dict, run_trainer_contention: float,
+                           predict: Callable[[dict], list[sim.SimResult]], overlap: Overlap,
+                           rounds: int = 4, tolerance: float = 0.01
+                           ) -> tuple[list[sim.SimResult], float]:
+  """An async run's prediction with the train step's factor beside rollout from
+  `shared_core_train_factor` (`predict` gets the calibration's interference factors with it),
+  iterated from `overlap` as `rescaled_prediction` is: (results, the factor)."""
+  for _ in range(rounds):
+    factor = shared_core_train_factor(calibration, run_trainer_contention,
+                                      overlap.train_beside_rollout)
+    results = predict({**calibration["interference"], "train_beside_rollout": factor})
+    moved, overlap = overlap, Overlap.of(results)
+    if abs(moved.train_beside_rollout - overlap.train_beside_rollout) < tolerance:
+      break
+  return results, factor

@@ -181,6 +181,16 @@ def speed_ratio(run: dict[str, Any], calibration: dict[str, Any], cores: Sequenc
   return statistics.mean(run[key][str(c)] / calibration[key][str(c)] for c in cores)
 
 
+def pooled(probed: Sequence[dict[str, Any]], probe: str = "machine_probe") -> dict[str, Any]:
+  """`probe`'s per-core median over several measurements' probes (a regime's runs, or its
+  calibrations), keyed as one measurement's (`{probe}_per_core`); empty if none was probed."""
+  have = [p[f"{probe}_per_core"] for p in probed if f"{probe}_per_core" in p]
+  if not have:
+    return {}
+  return {f"{probe}_per_core": {core: statistics.median(h[core] for h in have)
+                                for core in have[0]}}
+
+
 class Sides(enum.Enum):
   """Which side's costs a run's probe rescales."""
 

@@ -22,7 +22,7 @@ from flashrl_jax.controller import Learner, LearnerProcess, LearnerProcessError
 from flashrl_jax.controller._config import config_from_json, config_to_json
 from flashrl_jax.model import read_config
 from flashrl_jax.testing import read_weights
-from flashrl_jax.trainer import Message, Op, random_trajectories
+from flashrl_jax.trainer import Op, random_trajectories
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -58,21 +58,22 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Callable
 
 import numpy as np
 from absl import app, flags
 
 from experiments import _calibration, _calibration_fits, _cpu_time, _machine_probe
 from experiments._contention_rescaling import (  # noqa: F401 (mixed_contention: re-exported)
-    Contention, Overlap, mixed_contention,
-    reference_contention, rescaled_prediction)
+    Contention, Overlap, mixed_contention, reference_contention, rescaled_prediction,
+    shared_core_prediction)
 from experiments._pass_files import (
     LAYOUTS, MeasuredRun, calibration_stem, mode_alpha, mode_layout, mode_name, run_dir,
     saved_calibrations, saved_runs)
+from experiments._sim_config import calibrated_mean_response, calibrated_step_s, sim_config
 from experiments._summary import timed_seconds
 from experiments._server_profile import ServerSampler, server_profile
 from flashrl_jax import sim
-from flashrl_jax.scheduling import EmpiricalLengths
 
 # The regimes of `async_vs_sync` (name -> config, steps, warm-up steps): the runs predicted are
 # those runs, with the same steps and the same steps excluded.
@@ -114,59 +115,6 @@ _REPREDICT = flags.DEFINE_string(
     "repredict", None, "A pass's --out directory: predict its saved runs again from its saved "
     "calibrations (nothing runs; to compare rules on the same runs). Writes "
     "results_repredicted_<probe_sides>.json there.")
-
-
-def sim_config(calibration: dict, mode: str, alpha: int, batch_size: int, group_size: int,
-               pause_mode, steps: int, warmup: int, rollout_slowdown: float = 1.0,
-               train_slowdown: float = 1.0) -> sim.SimConfig:
-  """The simulated run, from a calibration (and the run's policy knobs) only. The slowdowns
-  rescale the costs measured on the servers and on the trainer (CPU contention ratios)."""
-  ro, tr = calibration["rollout"], calibration["trainer"]["alone"]
-  r, t = rollout_slowdown, train_slowdown
-  handoff = {k: v * r for k, v in ro["handoff"]["idle" if mode == "sync" else "busy"].items()}
-  stream = ro.get("stream", {})
-  if mode != "sync" and "bursts" not in ro and "step_s" in stream:
-    # (Calibrations of 2026-11-26 to -27, before the bursts: the lanes stream's table, which holds
-    # its requests' arrivals and departures, with no request cost added.)
-    decode = sim.TabulatedDecode(stream["active"], [s * r for s in stream["step_s"]])
-    request_s = 0.0
-  else:
-    decode = sim.TabulatedDecode(ro["decode_active"], [s * r for s in ro["decode_step_s"]],
-                                 context_ref=ro.get("decode_context_ref", 0.0),
-                                 context_slope=ro.get("decode_context_slope", 0.0),
-                                 # Our engine pads a step's requests to the longest one's span.
-                                 context_of=sim.Context.LONGEST)
-    # Async: the servers' work per request as a run sends them, a batch's groups after each
-    # handoff (sync: the batch admitted at once).
-    request_s = ro["bursts"]["request_s"] if mode != "sync" and "bursts" in ro else ro["request_s"]
-  cost = sim.CostModel(
-      **calibration["interference"], decode=decode,
-      request_s=request_s * r, reward_s=(ro["reward_s"] + ro["latency_s"]) * r,
-      train=sim.TabulatedTrain(tr["train_tokens"], [s * t for s in tr["train_s"]]),
-      sync=sim.SyncModel(export_s=tr["export_s"] * t, **handoff))
-  workers = ro["workers"]
-  training = (sim.SyncTraining() if mode == "sync"
-              else sim.AsyncTraining(alpha=alpha, train_gpus=1))  # hands over as the controller
-  return sim.SimConfig(
-      gpus=workers + (0 if mode == "sync" else 1), slots=ro["slots"], batch_prompts=batch_size,
-      group_size=group_size, steps=steps - warmup, warmup_steps=warmup,
-      lengths=EmpiricalLengths(ro["length_groups"]), prompt_tokens=round(ro["prompt_tokens"]),
-      cost=cost, training=training, pause=pause_mode)
-
-
-def calibrated_step_s(calibration: dict, live: float, servers: int) -> float:
-  """The calibrated decode step (ΔW/ΔL of the microbenchmark, at its mean context) of a worker
-  whose servers together hold `live` requests per server each iteration, as the simulator prices
-  it before any rescaling: beside a run's measured decode iteration, it says whether a miss is in
-  the step's cost or elsewhere (how many requests the servers get, how long they sit idle)."""
-  ro = calibration["rollout"]
-  decode = sim.TabulatedDecode(ro["decode_active"], ro["decode_step_s"])
-  return decode.step_time(live * servers / ro["workers"])
-
-
-def calibrated_mean_response(calibration: dict) -> float:
-  """Mean response length of the policy the calibration sampled (its length law's groups)."""
-  return float(np.mean([n for group in calibration["rollout"]["length_groups"] for n in group]))
 
 
 def measured(workdir: str, warmup: int) -> dict:
@@ -300,6 +248,28 @@ def measure_mode(path: str, regime: str, mode: str, repeat: int, out: str, steps
   return MeasuredRun(regime, mode, repeat, workdir, info, start, end)
 
 
+def predictor(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
+              ) -> Callable[..., list[sim.SimResult]]:
+  """`predict(slowdown, interference=None)`: `done`'s simulated runs (`--seeds` of them) from
+  calibration `cal`, its costs rescaled by `slowdown` and, if given, its interference factors
+  replaced."""
+  config = _calibration.load_config(path, mode=done.layout, async_ratio=done.alpha)
+  knobs = (done.layout, done.alpha, config.batch_size, config.group_size,
+           config.rollout.pause_mode, steps, warmup)
+
+  def predict(slowdown: Contention, interference: dict | None = None) -> list[sim.SimResult]:
+    simulated = sim_config(cal if interference is None else {**cal, "interference": interference},
+                           *knobs, rollout_slowdown=slowdown.servers,
+                           train_slowdown=slowdown.trainer)
+    return [sim.simulate(simulated, seed=s) for s in range(_SEEDS.value)]
+
+  return predict
+
+
+def mean_samples_per_s(results: list[sim.SimResult]) -> float:
+  return float(np.mean([r.samples_per_s for r in results]))
+
+
 def predicted_samples_per_s(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int,
                             sides: _machine_probe.Sides = _machine_probe.Sides.SERVERS) -> dict:
   """A run's prediction from calibration `cal` alone, its costs rescaled to the CPU contention the
@@ -307,21 +277,13 @@ def predicted_samples_per_s(done: MeasuredRun, path: str, cal: dict, steps: int,
   (with probes around both), to the machine's speed around the run against around the
   calibration; beside it the predictions rescaled by the alone contention only and not rescaled
   at all."""
-  config = _calibration.load_config(path, mode=done.layout, async_ratio=done.alpha)
   place = cal["placement"]
   server_cores = sorted({core for cores in place["server_cpus"] for core in cores})
   machine = Contention(*_machine_probe.machine_speed(  # around the run against the calibration
       done.info, cal, server_cores, place["train_cpus"], sides))
   contention = Contention(done.info["contention"]["rollout"] * machine.servers,
                           done.info["contention"]["trainer"] * machine.trainer)
-  knobs = (done.layout, done.alpha, config.batch_size, config.group_size,
-           config.rollout.pause_mode, steps, warmup)
-
-  def predict(slowdown: Contention) -> list[sim.SimResult]:
-    simulated = sim_config(cal, *knobs, rollout_slowdown=slowdown.servers,
-                           train_slowdown=slowdown.trainer)
-    return [sim.simulate(simulated, seed=s) for s in range(_SEEDS.value)]
-
+  predict = predictor(done, path, cal, steps, warmup)
   unscaled = predict(Contention(1.0, 1.0))
   # Alone-only reference (what this script did before; in async it counts the sharing twice).
   alone_ref = reference_contention(cal, "sync")
@@ -330,9 +292,7 @@ def predicted_samples_per_s(done: MeasuredRun, path: str, cal: dict, steps: int,
   if done.layout != "sync":
     results, slowdown = rescaled_prediction(cal, contention, predict, Overlap.of(unscaled))
 
-  def mean(rs: list[sim.SimResult]) -> float:
-    return float(np.mean([r.samples_per_s for r in rs]))
-
+  mean = mean_samples_per_s
   return {"predicted": mean(results), "predicted_raw": mean(unscaled), "machine": machine,
           "predicted_alone_ref": mean(alone_only), "results": results, "slowdown": slowdown,
           "slowdown_alone_ref": contention / alone_ref}
@@ -340,10 +300,13 @@ def predicted_samples_per_s(done: MeasuredRun, path: str, cal: dict, steps: int,
 
 def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int,
                 weight: float | None = None, first: dict | None = None,
-                sides: _machine_probe.Sides = _machine_probe.Sides.SERVERS) -> dict:
+                sides: _machine_probe.Sides = _machine_probe.Sides.SERVERS,
+                pools: tuple[dict, dict] | None = None) -> dict:
   """Predicts a measured run from calibration `cal` (with brackets: the two calibrations blended
   at `weight`, and `first`, the calibration before the runs alone, printed beside it), the
-  machine probe rescaling `sides`, prints the row and returns it."""
+  machine probe rescaling `sides`, prints the row and returns it. `pools`: the regime's runs'
+  and calibrations' pooled probes (`_machine_probe.pooled`), for the alternative that rescales
+  by them (printed, not applied; as the shared-core train factor, `_contention_rescaling`)."""
   p = predicted_samples_per_s(done, path, cal, steps, warmup, sides)
   results, slowdown = p["results"], p["slowdown"]
   predicted, raw, old = p["predicted"], p["predicted_raw"], p["predicted_alone_ref"]
@@ -391,6 +354,15 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
           f"x{machine.trainer:.3f} (trainer; its core's decode probe x{trainer_probe:.3f}); "
           f"predicted without the probe {unprobed:7.2f} ({row['error_unprobed']:5.1%}), with it on "
           f"both sides {both:7.2f} ({row['error_probe_both']:5.1%}){train}", flush=True)
+  alternatives = alternative_predictions(done, path, cal, steps, warmup, p, pools)
+  row.update({k: v for k, v in alternatives.items() if k != "line"})
+  row.update({f"error_{k[len('predicted_'):]}": error(v) for k, v in alternatives.items()
+              if k.startswith("predicted_")})
+  if alternatives["line"]:
+    print(f"{done.regime:>9} {name:<10} r{done.repeat} written before pass AT, printed, not "
+          f"applied: " + "; ".join(
+              f"{label} {row[f'predicted_{key}']:7.2f} ({row[f'error_{key}']:5.1%})"
+              for key, label in alternatives["line"]), flush=True)
   bracket = ""
   if first is not None:
     before_only = predicted_samples_per_s(done, path, first, steps, warmup, sides)["predicted"]
@@ -432,6 +404,40 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
           + ("" if request_s is None else f"; CPU per request beyond the static table "
              f"{request_s * 1e3:.2f} ms (calibration: {calibrated})"), flush=True)
   return row
+
+
+def alternative_predictions(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int,
+                            rule: dict, pools: tuple[dict, dict] | None) -> dict:
+  """Two predictions beside the rule, written before pass AT was read (so AT and later passes test
+  them): the servers' costs rescaled by the regime's pooled probes (every run's against every
+  calibration's, per core median) instead of the run's own, so that one probe catching the
+  machine in a fast or slow minute does not move one run's prediction (pass AS); and, in the async
+  layout, the train step beside rollout by `shared_core_train_factor` (the servers as the rule
+  has them, the trainer's costs not rescaled by contention). Keys `predicted_pooled_probe`,
+  `predicted_shared_core`, `shared_core_train_factor`, `pooled_probe_speed`, and `line` (what to
+  print: (key, label) pairs)."""
+  out: dict = {"line": []}
+  if pools is not None and all(pools):
+    runs_pool, cals_pool = pools
+    place = cal["placement"]
+    server_cores = sorted({core for cores in place["server_cpus"] for core in cores})
+    out["pooled_probe_speed"] = _machine_probe.speed_ratio(runs_pool, cals_pool, server_cores)
+    pooled = predicted_samples_per_s(dataclasses.replace(done, info={**done.info, **runs_pool}),
+                                     path, {**cal, **cals_pool}, steps, warmup)
+    out["predicted_pooled_probe"] = pooled["predicted"]
+    out["line"].append(("pooled_probe", f"the regime's pooled probes "
+                        f"(x{out['pooled_probe_speed']:.3f} on the servers)"))
+  if done.layout != "sync" and "beside_rollout" in cal["trainer"]:
+    predict = predictor(done, path, cal, steps, warmup)
+    servers = Contention(rule["slowdown"].servers, 1.0)
+    results, factor = shared_core_prediction(
+        cal, done.info["contention"]["trainer"], lambda interference: predict(servers, interference),
+        Overlap.of(rule["results"]))
+    out.update(predicted_shared_core=mean_samples_per_s(results), shared_core_train_factor=factor)
+    out["line"].append(("shared_core", f"the train step's factor beside rollout from its core's "
+                        f"sharing x{factor:.2f} (calibrated "
+                        f"x{cal['interference']['train_beside_rollout']:.2f})"))
+  return out
 
 
 def ensure_model(config_path: str) -> None:
@@ -537,17 +543,20 @@ def main(argv):
         continue
     else:
       first, done, second = measure_regime(path, regime, out, steps, warmup)
+    pools = (_machine_probe.pooled([run.info for run in done]),
+             _machine_probe.pooled([*first.values(), *second.values()]))
     for measured_run in done:
       layout = measured_run.layout
       if layout not in second:
-        rows.append(predict_row(measured_run, path, first[layout], steps, warmup, sides=sides))
+        rows.append(predict_row(measured_run, path, first[layout], steps, warmup, sides=sides,
+                                pools=pools))
         continue
       weight = _calibration_fits.bracket_weight(
           measured_run.start, measured_run.end, first[layout]["time_mid"],
           second[layout]["time_mid"])
       cal = _calibration_fits.blended(first[layout], second[layout], weight)
       rows.append(predict_row(measured_run, path, cal, steps, warmup, weight=weight,
-                              first=first[layout], sides=sides))
+                              first=first[layout], sides=sides, pools=pools))
     if any(run.repeat for run in done):  # repeats: each mode's medians too
       for mode in _MODES.value:
         name = mode_name(mode)
