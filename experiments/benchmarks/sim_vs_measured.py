@@ -31,7 +31,8 @@ weighted by the share of each side's time the simulation spends beside the other
 (`reference_contention`). Every row prints the prediction with that rescaling, with the alone-only
 rescaling used before (which counts the sharing twice), without rescaling, from the first
 calibration alone, without the machine probe, with the decode probe on the trainer's costs too and
-with the train probe on them (`--probe_sides=train`), the measurement (samples/s over the steps
+with the train probe on them (`--probe_sides=train`), with the regime's pooled probes and with the
+async trainer's factor from its core's sharing (`alternative_predictions`), the measurement (samples/s over the steps
 after `--warmup_steps`, as `async_vs_sync` measures it) and the error, and the run's mean response
 length beside the calibration's: the calibration samples the initial policy, and a run whose policy
 drifts to shorter answers is faster than that policy would be (docs/simulator.md).
