@@ -5,7 +5,7 @@ of a prediction by the ratio of the two (the kernel's schedstat, `experiments._c
 the async split the reference depends on how much of its time each side spends beside the other
 in the prediction itself, a fixed point (`rescaled_prediction`). Pure functions of the
 calibration's numbers and the simulator's results, tested on hand-set numbers
-(tests/test_sim_vs_measured.py).
+(tests/test_sim_vs_measured.py, tests/test_shared_core.py).
 """
 
 from __future__ import annotations
@@ -133,7 +133,9 @@ def shared_core_train_factor(calibration: dict, run_trainer_contention: float,
   background, so it sped up the alone phase too (pass AS, 2026-11-28: the balanced async runs'
   trainer contention 1.37-1.38 against the calibration's beside 1.97 and alone 1.15; predicted
   10-23% too fast, docs/simulator.md). Printed beside the rule (`--repredict` too), not applied:
-  written before pass AT was read, so AT and later passes test it."""
+  written before pass AT was read, so AT and later passes test it. In AT it did worse than the
+  rule (largest error 0.385 against 0.376): the runs' steps were slow with little waiting for the
+  CPU, so their core ran slower rather than being shared more (docs/simulator.md)."""
   tr = calibration["trainer"]
   factor = calibration["interference"]["train_beside_rollout"]
   if "beside_rollout" not in tr or train_beside_rollout <= 0.0:

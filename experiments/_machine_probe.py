@@ -183,7 +183,9 @@ def speed_ratio(run: dict[str, Any], calibration: dict[str, Any], cores: Sequenc
 
 def pooled(probed: Sequence[dict[str, Any]], probe: str = "machine_probe") -> dict[str, Any]:
   """`probe`'s per-core median over several measurements' probes (a regime's runs, or its
-  calibrations), keyed as one measurement's (`{probe}_per_core`); empty if none was probed."""
+  calibrations), keyed as one measurement's (`{probe}_per_core`); empty if none was probed.
+  sim_vs_measured prints a prediction rescaled by pooled probes beside the rule (since ed3fcef;
+  pass AT: 0.373 against the rule's 0.376, docs/simulator.md)."""
   have = [p[f"{probe}_per_core"] for p in probed if f"{probe}_per_core" in p]
   if not have:
     return {}
