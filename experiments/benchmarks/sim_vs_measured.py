@@ -32,8 +32,9 @@ weighted by the share of each side's time the simulation spends beside the other
 rescaling used before (which counts the sharing twice), without rescaling, from the first
 calibration alone, without the machine probe, with the decode probe on the trainer's costs too and
 with the train probe on them (`--probe_sides=train`), with the regime's pooled probes and with the
-async trainer's factor from its core's sharing (`alternative_predictions`), the measurement (samples/s over the steps
-after `--warmup_steps`, as `async_vs_sync` measures it) and the error, and the run's mean response
+async trainer's factor from its core's sharing (`alternative_predictions`), the measurement
+(samples/s over the steps after `--warmup_steps`, as `async_vs_sync` measures it) and the error,
+and the run's mean response
 length beside the calibration's: the calibration samples the initial policy, and a run whose policy
 drifts to shorter answers is faster than that policy would be (docs/simulator.md).
 
@@ -267,6 +268,11 @@ def predictor(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
   return predict
 
 
+def server_cores(cal: dict) -> list[int]:
+  """The cores calibration `cal`'s servers ran on (the run's: same layout)."""
+  return sorted({core for cores in cal["placement"]["server_cpus"] for core in cores})
+
+
 def mean_samples_per_s(results: list[sim.SimResult]) -> float:
   return float(np.mean([r.samples_per_s for r in results]))
 
@@ -278,10 +284,8 @@ def predicted_samples_per_s(done: MeasuredRun, path: str, cal: dict, steps: int,
   (with probes around both), to the machine's speed around the run against around the
   calibration; beside it the predictions rescaled by the alone contention only and not rescaled
   at all."""
-  place = cal["placement"]
-  server_cores = sorted({core for cores in place["server_cpus"] for core in cores})
   machine = Contention(*_machine_probe.machine_speed(  # around the run against the calibration
-      done.info, cal, server_cores, place["train_cpus"], sides))
+      done.info, cal, server_cores(cal), cal["placement"]["train_cpus"], sides))
   contention = Contention(done.info["contention"]["rollout"] * machine.servers,
                           done.info["contention"]["trainer"] * machine.trainer)
   predict = predictor(done, path, cal, steps, warmup)
@@ -420,9 +424,8 @@ def alternative_predictions(done: MeasuredRun, path: str, cal: dict, steps: int,
   out: dict = {"line": []}
   if pools is not None and all(pools):
     runs_pool, cals_pool = pools
-    place = cal["placement"]
-    server_cores = sorted({core for cores in place["server_cpus"] for core in cores})
-    out["pooled_probe_speed"] = _machine_probe.speed_ratio(runs_pool, cals_pool, server_cores)
+    out["pooled_probe_speed"] = _machine_probe.speed_ratio(runs_pool, cals_pool,
+                                                           server_cores(cal))
     pooled = predicted_samples_per_s(dataclasses.replace(done, info={**done.info, **runs_pool}),
                                      path, {**cal, **cals_pool}, steps, warmup)
     out["predicted_pooled_probe"] = pooled["predicted"]
@@ -432,8 +435,8 @@ def alternative_predictions(done: MeasuredRun, path: str, cal: dict, steps: int,
     predict = predictor(done, path, cal, steps, warmup)
     servers = Contention(rule["slowdown"].servers, 1.0)
     results, factor = shared_core_prediction(
-        cal, done.info["contention"]["trainer"], lambda interference: predict(servers, interference),
-        Overlap.of(rule["results"]))
+        cal, done.info["contention"]["trainer"],
+        lambda interference: predict(servers, interference), Overlap.of(rule["results"]))
     out.update(predicted_shared_core=mean_samples_per_s(results), shared_core_train_factor=factor)
     out["line"].append(("shared_core", f"the train step's factor beside rollout from its core's "
                         f"sharing x{factor:.2f} (calibrated "

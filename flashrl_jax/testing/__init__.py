@@ -27,5 +27,5 @@ def read_weights(path: str) -> dict[str, np.ndarray]:
   return out
 
 
-__all__ = ["read_weights", "stub_logprob", "stub_next_token", "stub_server_command", "tiny_config", "tiny_model",
-           "write_tiny_checkpoint"]
+__all__ = ["read_weights", "stub_logprob", "stub_next_token", "stub_server_command", "tiny_config",
+           "tiny_model", "write_tiny_checkpoint"]
