@@ -507,6 +507,42 @@ def calibrate(config_path: str, layout_name: str, *, reps: int = 3,
   return {**result, **probe_pair(before, after), "wall_s": wall}
 
 
+def describe(cal: dict[str, Any]) -> str:
+  """A calibration's numbers on one line, after its layout: its wall time, load and probes, then
+  each measured cost."""
+  ro, tr, inter = cal["rollout"], cal["trainer"]["alone"], cal["interference"]
+  return (f"{cal['wall_s']:.0f}s, load {cal['loadavg'][0]:.1f}-{cal['loadavg'][1]:.1f}, "
+          f"probe {cal['probe_s'] * 1e3:.1f}ms"
+          + (f", machine probe {cal['machine_probe_s'] * 1e3:.1f}ms" if "machine_probe_s" in cal
+             else "")
+          + (f", {cal['during_probe_s'] * 1e3:.1f}ms on a CPU during it" if "during_probe_s" in cal
+             else "") + "): "
+          f"{ro['workers']} worker(s) x {ro['slots']} slots, decode step "
+          + ", ".join(f"{a}:{s * 1e3:.2f}ms" for a, s in zip(ro["decode_active"],
+                                                            ro["decode_step_s"]))
+          + f" (+{ro.get('decode_context_slope', 0.0) * 100:.2f}%/context token)"
+          + f"; request {ro['request_s'] * 1e3:.2f}ms"
+          + (f" (in a stream; {ro['request_batch_s'] * 1e3:.2f}ms admitted as a batch)"
+             if "stream" in ro else "")
+          + (f" (servers' CPU in sync rounds, contention x{ro['rounds']['contention']:.2f} against "
+             f"the decode's x{ro['contention']:.2f}; "
+             f"{ro['request_batch_s'] * 1e3:.2f}ms fitted to the batches' wall times)"
+             if "rounds" in ro else "")
+          + (f"; request {ro['bursts']['request_s'] * 1e3:.2f}ms in bursts after handoffs "
+             "(async)" if "bursts" in ro else "")
+          + ("; stream step (async) " + ", ".join(
+              f"{a:.1f}:{s * 1e3:.2f}ms" for a, s in zip(ro["stream"]["active"],
+                                                        ro["stream"]["step_s"]))
+             if "step_s" in ro.get("stream", {}) else "")
+          + f" + latency {ro['latency_s'] * 1e3:.1f}ms; "
+          f"train {tr['train_s'][0]:.3f}-{tr['train_s'][1]:.3f}s for {tr['train_tokens'][0]}-"
+          f"{tr['train_tokens'][1]} tokens, export {tr['export_s']:.3f}s; train "
+          f"x{inter['train_beside_rollout']:.2f} beside rollout, rollout "
+          f"x{inter['rollout_beside_train']:.2f} beside training; handoff busy "
+          f"{sum(ro['handoff']['busy'].values()):.3f}s idle "
+          f"{sum(ro['handoff']['idle'].values()):.3f}s")
+
+
 def main() -> None:
   from absl import app, flags
   flags.DEFINE_string("config", None, "Run config file.", required=True)

@@ -3,12 +3,16 @@ calibration's, which costs each rule rescales, and the probe itself for real (an
 and a learner process on one core). What is tried: a core that slowed around a run against one
 that did not, a run or calibration without a probe (older passes, `--nomachine_probe`), a
 calibration blended from two, the train probe next to the decode probe, and a learner probed
-many times, whose weights must not move (its steps would otherwise change what they compute)."""
+many times, whose weights must not move (its steps would otherwise change what they compute); the
+probe during a measurement on an idle core and on a core a CPU hog shares."""
 
 import dataclasses
 import functools
 import os
 import pathlib
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -40,6 +44,14 @@ def test_a_runs_costs_follow_the_machine_probe_of_its_own_cores():
   later = {**calibration, "machine_probe_per_core": {"0": 30e-3, "1": 20e-3}}
   mid = _calibration_fits.blended(calibration, later, 0.5)
   assert _machine_probe.speed_ratio(run, mid, [0]) == pytest.approx(1.0)
+  # The probe during a run against the one during its calibration (blended too): core 0's
+  # server spent 60 ms on a CPU per batch during the run, 50 and 70 during the calibrations.
+  during = {"during_probe_per_core": {"0": 60e-3, "1": 30e-3}}
+  cals = [{"during_probe_per_core": {"0": x, "1": 30e-3}} for x in (50e-3, 70e-3)]
+  assert _machine_probe.speed_ratio(during, cals[0], [0], "during_probe") == pytest.approx(1.2)
+  assert _machine_probe.speed_ratio(during, _calibration_fits.blended(*cals, 0.5), [0, 1],
+                                    "during_probe") == pytest.approx(1.0)
+  assert _machine_probe.speed_ratio(run, cals[0], [0], "during_probe") == 1.0  # a run without
 
 
 def test_the_probe_rescales_the_servers_costs_and_leaves_the_trainers_by_default():
@@ -92,3 +104,32 @@ def test_the_train_probes_learner_is_pinned_and_its_weights_never_change(run_mod
   assert first.keys() == last.keys()
   for name in first:  # learning rate 0: every probe steps the same weights
     np.testing.assert_array_equal(first[name], last[name], err_msg=name)
+
+
+def test_the_probe_during_a_measurement_counts_the_servers_cpu_not_its_wait(run_model, tmp_path):
+  # Tried: the probe alone, then beside a CPU hog pinned to the probed core (the hog takes about
+  # half the core, as a run's server does): the batches' wall time must grow and their seconds on
+  # a CPU must not, or the probe would read a shared core as a slower one. Batches back to back
+  # (period 0), so the core never idles between them: after an idle gap a batch runs cold and
+  # costs more on a CPU (60 ms a batch every 0.2 s against 38 back to back, 2026-11-28).
+  config = load_config_file(str(REPO / "experiments/configs/repeat.py")).replace(
+      model_path=run_model, workdir=str(tmp_path / "run"), batch_size=4, group_size=4)
+  core = min(os.sched_getaffinity(0))
+  with _machine_probe.MachineProbe(config, str(tmp_path / "probe"), cores=[core], reps=3,
+                                   train_reps=1) as probe:
+    with probe.during(period_s=0.0, tokens=64) as alone:
+      time.sleep(2.5)
+    hog = subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"])
+    try:
+      with probe.during(period_s=0.0, tokens=64) as shared:
+        time.sleep(3.5)
+    finally:
+      hog.kill()
+      hog.wait()
+  assert alone["during_probe_count"] >= 3 and shared["during_probe_count"] >= 3
+  wall = [p["during_probe_wall_per_core"][str(core)] for p in (alone, shared)]
+  cpu = [p["during_probe_per_core"][str(core)] for p in (alone, shared)]
+  assert 0 < cpu[0] <= wall[0]
+  assert wall[1] > 1.4 * wall[0]  # the hog shared the core
+  assert cpu[1] < 1.3 * cpu[0]  # and the server's seconds on a CPU did not grow with it
+  assert 0 <= shared["steal_per_core"][str(core)] <= 1

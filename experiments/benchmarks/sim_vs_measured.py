@@ -31,8 +31,9 @@ weighted by the share of each side's time the simulation spends beside the other
 (`reference_contention`). Every row prints the prediction with that rescaling, with the alone-only
 rescaling used before (which counts the sharing twice), without rescaling, from the first
 calibration alone, without the machine probe, with the decode probe on the trainer's costs too and
-with the train probe on them (`--probe_sides=train`), with the regime's pooled probes and with the
-async trainer's factor from its core's sharing (`alternative_predictions`), the measurement
+with the train probe on them (`--probe_sides=train`), with the regime's pooled probes, with the
+async trainer's factor from its core's sharing and with the probe taken during the run (seconds on
+a CPU of a small decode batch every 10 s per core; `alternative_predictions`), the measurement
 (samples/s over the steps after `--warmup_steps`, as `async_vs_sync` measures it) and the error,
 and the run's mean response
 length beside the calibration's: the calibration samples the initial policy, and a run whose policy
@@ -238,10 +239,11 @@ def measure_mode(path: str, regime: str, mode: str, repeat: int, out: str, steps
   workdir = run_dir(out, regime, mode, repeat)
   before = probe.measure() if probe is not None else None
   start = time.time()
-  info = run(path, workdir, layout, alpha, steps, warmup)
+  with probe.during() if probe is not None else contextlib.nullcontext({}) as during:
+    info = run(path, workdir, layout, alpha, steps, warmup)
   end = time.time()
   if probe is not None:
-    info.update(_machine_probe.around(before, probe.measure()))
+    info.update(_machine_probe.around(before, probe.measure()), **during)
   with open(os.path.join(workdir, "run.json"), "w") as f:  # to re-predict from, offline
     json.dump({**info, "start": start, "end": end}, f, indent=1)
   print(f"{regime:>9} {mode_name(mode):<10} r{repeat} measured "
@@ -364,8 +366,7 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
   row.update({f"error_{k[len('predicted_'):]}": error(v) for k, v in alternatives.items()
               if k.startswith("predicted_")})
   if alternatives["line"]:
-    print(f"{done.regime:>9} {name:<10} r{done.repeat} written before pass AT, printed, not "
-          f"applied: " + "; ".join(
+    print(f"{done.regime:>9} {name:<10} r{done.repeat} printed, not applied: " + "; ".join(
               f"{label} {row[f'predicted_{key}']:7.2f} ({row[f'error_{key}']:5.1%})"
               for key, label in alternatives["line"]), flush=True)
   bracket = ""
@@ -391,6 +392,8 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
   profile = info["servers"]
   if profile is not None:  # a server restarted or none answered: nothing to compare
     step = calibrated_step_s(cal, profile["live"], profile["servers"])
+    # What a probe should follow (a diagnostic, never a prediction's input): the run's own decode.
+    row["decode_over_calibrated"] = profile["iteration_ms"] / (step * 1e3)
     request_s = run_request_s(cal, info.get("server_window"))
     row["run_request_s"] = request_s
     ro = cal["rollout"]
@@ -418,10 +421,26 @@ def alternative_predictions(done: MeasuredRun, path: str, cal: dict, steps: int,
   calibration's, per core median) instead of the run's own, so that one probe catching the
   machine in a fast or slow minute does not move one run's prediction (pass AS); and, in the async
   layout, the train step beside rollout by `shared_core_train_factor` (the servers as the rule
-  has them, the trainer's costs not rescaled by contention). Keys `predicted_pooled_probe`,
-  `predicted_shared_core`, `shared_core_train_factor`, `pooled_probe_speed`, and `line` (what to
-  print: (key, label) pairs)."""
+  has them, the trainer's costs not rescaled by contention). A third, written before pass AU: the
+  servers' costs rescaled by the probe taken *during* the run over the one during its calibration
+  (`MachineProbe.during`: seconds on a CPU, so the core's sharing does not count). Keys
+  `predicted_pooled_probe`, `predicted_shared_core`, `shared_core_train_factor`,
+  `pooled_probe_speed`, `predicted_during_probe`, `during_probe_speed`, and `line` (what to print:
+  (key, label) pairs)."""
   out: dict = {"line": []}
+  key = "during_probe_per_core"
+  if key in done.info and key in cal:  # the probe during the run and during the calibration
+    out["during_probe_speed"] = _machine_probe.speed_ratio(done.info, cal, server_cores(cal),
+                                                           "during_probe")
+    during = predicted_samples_per_s(dataclasses.replace(
+        done, info={**done.info, "machine_probe_per_core": done.info[key]}), path,
+        {**cal, "machine_probe_per_core": cal[key]}, steps, warmup)
+    out["predicted_during_probe"] = during["predicted"]
+    steal = [100 * float(np.mean([x.get("steal_per_core", {}).get(str(c), np.nan)
+                                  for c in server_cores(cal)])) for x in (done.info, cal)]
+    out["line"].append(("during_probe", f"the probe during the run (since pass AU; "
+                        f"x{out['during_probe_speed']:.3f} on the servers; their cores' steal "
+                        f"{steal[0]:.1f}% of the run's time, {steal[1]:.1f}% of the calibration's)"))
   if pools is not None and all(pools):
     runs_pool, cals_pool = pools
     out["pooled_probe_speed"] = _machine_probe.speed_ratio(runs_pool, cals_pool,
@@ -458,43 +477,17 @@ def calibrate_layout(path: str, regime: str, layout: str, out: str, suffix: str,
   midpoint (`time_mid`, seconds)."""
   before = probe.measure() if probe is not None else None
   start = time.time()
-  cal = _calibration.calibrate(path, layout, reps=_REPS.value,
-                               log_dir=calibration_stem(out, regime, layout, suffix),
-                               split=_split() if layout == "async" else None)
+  with probe.during() if probe is not None else contextlib.nullcontext({}) as during:
+    cal = _calibration.calibrate(path, layout, reps=_REPS.value,
+                                 log_dir=calibration_stem(out, regime, layout, suffix),
+                                 split=_split() if layout == "async" else None)
   cal["time_mid"] = (start + time.time()) / 2
   if probe is not None:
-    cal.update(_machine_probe.around(before, probe.measure()))
+    cal.update(_machine_probe.around(before, probe.measure()), **during)
   with open(calibration_stem(out, regime, layout, suffix) + ".json", "w") as f:
     json.dump(cal, f, indent=1)
-  ro, tr, inter = cal["rollout"], cal["trainer"]["alone"], cal["interference"]
-  print(f"{regime} calibration{suffix.replace('_', ' ')} ({layout} layout, {cal['wall_s']:.0f}s, "
-        f"load {cal['loadavg'][0]:.1f}-{cal['loadavg'][1]:.1f}, probe {cal['probe_s'] * 1e3:.1f}ms"
-        + (f", machine probe {cal['machine_probe_s'] * 1e3:.1f}ms" if "machine_probe_s" in cal
-           else "") + "): "
-        f"{ro['workers']} worker(s) x {ro['slots']} slots, decode step "
-        + ", ".join(f"{a}:{s * 1e3:.2f}ms" for a, s in zip(ro["decode_active"],
-                                                          ro["decode_step_s"]))
-        + f" (+{ro.get('decode_context_slope', 0.0) * 100:.2f}%/context token)"
-        + f"; request {ro['request_s'] * 1e3:.2f}ms"
-        + (f" (in a stream; {ro['request_batch_s'] * 1e3:.2f}ms admitted as a batch)"
-           if "stream" in ro else "")
-        + (f" (servers' CPU in sync rounds, contention x{ro['rounds']['contention']:.2f} against "
-           f"the decode's x{ro['contention']:.2f}; "
-           f"{ro['request_batch_s'] * 1e3:.2f}ms fitted to the batches' wall times)"
-           if "rounds" in ro else "")
-        + (f"; request {ro['bursts']['request_s'] * 1e3:.2f}ms in bursts after handoffs "
-           "(async)" if "bursts" in ro else "")
-        + ("; stream step (async) " + ", ".join(
-            f"{a:.1f}:{s * 1e3:.2f}ms" for a, s in zip(ro["stream"]["active"],
-                                                      ro["stream"]["step_s"]))
-           if "step_s" in ro.get("stream", {}) else "")
-        + f" + latency {ro['latency_s'] * 1e3:.1f}ms; "
-        f"train {tr['train_s'][0]:.3f}-{tr['train_s'][1]:.3f}s for {tr['train_tokens'][0]}-"
-        f"{tr['train_tokens'][1]} tokens, export {tr['export_s']:.3f}s; train "
-        f"x{inter['train_beside_rollout']:.2f} beside rollout, rollout "
-        f"x{inter['rollout_beside_train']:.2f} beside training; handoff busy "
-        f"{sum(ro['handoff']['busy'].values()):.3f}s idle "
-        f"{sum(ro['handoff']['idle'].values()):.3f}s", flush=True)
+  print(f"{regime} calibration{suffix.replace('_', ' ')} ({layout} layout, "
+        f"{_calibration.describe(cal)}", flush=True)
   return cal
 
 
