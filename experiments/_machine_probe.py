@@ -52,6 +52,7 @@ import urllib.request
 from typing import Any, Iterator, Sequence
 
 import numpy as np
+import psutil
 
 from experiments import _cpu_time
 from flashrl_jax.controller import LearnerProcess, RunConfig, engine_server_args
@@ -133,23 +134,17 @@ class MachineProbe:
     finally:
       self._servers.stop()
 
-  def _generate(self, url: str, tokens: int | None = None) -> None:
+  def _generate(self, url: str, tokens: int) -> None:
     body = json.dumps({"input_ids": list(range(3, 19)),
-                       "sampling_params": {"max_new_tokens": tokens or self.tokens,
-                                           "ignore_eos": True,
+                       "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True,
                                            "temperature": 0.0}}).encode()
     request = urllib.request.Request(f"{url}/generate", data=body,
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as response:
       response.read()
 
-  def _batch_s(self, url: str, pool: concurrent.futures.Executor) -> float:
-    start = time.perf_counter()
-    list(pool.map(self._generate, [url] * self.concurrent))
-    return time.perf_counter() - start
-
-  def _batch_on_cpu_s(self, i: int, pool: concurrent.futures.Executor, tokens: int
-                      ) -> tuple[float, float]:
+  def _batch_s(self, i: int, pool: concurrent.futures.Executor, tokens: int
+               ) -> tuple[float, float]:
     """(seconds server `i` spent on a CPU serving one probe batch of `tokens` tokens a request,
     the batch's wall seconds): the kernel's count over the server's threads, in which time it
     waited for the CPU is not."""
@@ -158,13 +153,6 @@ class MachineProbe:
     list(pool.map(self._generate, [self._servers.urls[i]] * self.concurrent,
                   [tokens] * self.concurrent))
     return _cpu_time.cpu_times([pid])[0] - before, time.perf_counter() - start
-
-  def _cpu_ticks(self) -> dict[int, list[int]]:
-    """Each probed core's /proc/stat counters (user, nice, system, idle, iowait, irq, softirq,
-    steal)."""
-    with open("/proc/stat") as f:
-      rows = {line.split()[0]: line.split()[1:9] for line in f if line.startswith("cpu")}
-    return {c: [int(x) for x in rows[f"cpu{c}"]] for c in self.cores if f"cpu{c}" in rows}
 
   @contextlib.contextmanager
   def during(self, period_s: float = 5.0, tokens: int = 32) -> Iterator[dict[str, Any]]:
@@ -195,20 +183,21 @@ class MachineProbe:
         turn = 0
         while not stop.wait(period_s):
           i = turn % len(self.cores)
-          samples[self.cores[i]].append(self._batch_on_cpu_s(i, pool, tokens))
+          samples[self.cores[i]].append(self._batch_s(i, pool, tokens))
           turn += 1
 
     thread = threading.Thread(target=loop, name="machine-probe-during", daemon=True)
-    ticks = self._cpu_ticks()
+    ticks = psutil.cpu_times(percpu=True)
     thread.start()
     try:
       yield result
     finally:
       stop.set()
       thread.join()
-      spent = {c: [b - a for a, b in zip(ticks[c], after)] for c, after in self._cpu_ticks().items()
-               if c in ticks}
-      result["steal_per_core"] = {str(c): d[7] / max(sum(d), 1) for c, d in spent.items()}
+      after = psutil.cpu_times(percpu=True)
+      # user, nice, system, idle, iowait, irq, softirq, steal (guest time is inside user's)
+      spent = {c: [b - a for a, b in zip(ticks[c][:8], after[c][:8])] for c in self.cores}
+      result["steal_per_core"] = {str(c): d[7] / max(sum(d), 1e-9) for c, d in spent.items()}
       if all(samples.values()):
         per_core = {str(c): statistics.median(cpu for cpu, _ in s) for c, s in samples.items()}
         result.update(during_probe_per_core=per_core,
@@ -223,8 +212,9 @@ class MachineProbe:
     and their means over the cores."""
     decode, train = {}, {}
     with concurrent.futures.ThreadPoolExecutor(self.concurrent) as pool:
-      for core, url in zip(self.cores, self._servers.urls):
-        decode[core] = statistics.median(self._batch_s(url, pool) for _ in range(self.reps))
+      for i, core in enumerate(self.cores):
+        decode[core] = statistics.median(self._batch_s(i, pool, self.tokens)[1]
+                                         for _ in range(self.reps))
     for core, learner in zip(self.cores, self._learners):
       train[core] = statistics.median(train_step_s(learner, self._config)
                                       for _ in range(self.train_reps))

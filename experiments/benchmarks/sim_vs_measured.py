@@ -428,26 +428,27 @@ def alternative_predictions(done: MeasuredRun, path: str, cal: dict, steps: int,
   `pooled_probe_speed`, `predicted_during_probe`, `during_probe_speed`, and `line` (what to print:
   (key, label) pairs)."""
   out: dict = {"line": []}
+
+  def probed(run_probe: dict, cal_probe: dict) -> tuple[float, float]:
+    """(the rule's prediction, the servers' speed ratio it applied) with the run's and the
+    calibration's decode probes per core replaced by another probe's."""
+    p = predicted_samples_per_s(
+        dataclasses.replace(done, info={**done.info, "machine_probe_per_core": run_probe}), path,
+        {**cal, "machine_probe_per_core": cal_probe}, steps, warmup)
+    return p["predicted"], p["machine"].servers
+
   key = "during_probe_per_core"
   if key in done.info and key in cal:  # the probe during the run and during the calibration
-    out["during_probe_speed"] = _machine_probe.speed_ratio(done.info, cal, server_cores(cal),
-                                                           "during_probe")
-    during = predicted_samples_per_s(dataclasses.replace(
-        done, info={**done.info, "machine_probe_per_core": done.info[key]}), path,
-        {**cal, "machine_probe_per_core": cal[key]}, steps, warmup)
-    out["predicted_during_probe"] = during["predicted"]
+    out["predicted_during_probe"], out["during_probe_speed"] = probed(done.info[key], cal[key])
     steal = [100 * float(np.mean([x.get("steal_per_core", {}).get(str(c), np.nan)
                                   for c in server_cores(cal)])) for x in (done.info, cal)]
     out["line"].append(("during_probe", f"the probe during the run (since pass AU; "
                         f"x{out['during_probe_speed']:.3f} on the servers; their cores' steal "
-                        f"{steal[0]:.1f}% of the run's time, {steal[1]:.1f}% of the calibration's)"))
+                        f"{steal[0]:.1f}% of the run's time, {steal[1]:.1f}% of the "
+                        "calibration's)"))
   if pools is not None and all(pools):
-    runs_pool, cals_pool = pools
-    out["pooled_probe_speed"] = _machine_probe.speed_ratio(runs_pool, cals_pool,
-                                                           server_cores(cal))
-    pooled = predicted_samples_per_s(dataclasses.replace(done, info={**done.info, **runs_pool}),
-                                     path, {**cal, **cals_pool}, steps, warmup)
-    out["predicted_pooled_probe"] = pooled["predicted"]
+    key = "machine_probe_per_core"
+    out["predicted_pooled_probe"], out["pooled_probe_speed"] = probed(pools[0][key], pools[1][key])
     out["line"].append(("pooled_probe", f"the regime's pooled probes "
                         f"(x{out['pooled_probe_speed']:.3f} on the servers)"))
   if done.layout != "sync" and "beside_rollout" in cal["trainer"]:
