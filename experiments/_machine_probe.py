@@ -163,8 +163,10 @@ class MachineProbe:
     `during_probe_per_core` (the per-core median; keyed as `speed_ratio` reads it), `during_probe_s`
     (their mean), `during_probe_wall_per_core` (the batches' median wall seconds: how much the
     core was shared) and `during_probe_count` (batches per core), or none of these if a core got
-    no batch; and `steal_per_core`, the fraction of each core's time the hypervisor gave to
-    another machine (/proc/stat; this machine is a VM whose neighbours may take its cores).
+    no batch or a probe server failed (then `during_probe_error` says which and why, and the
+    body's measurement is kept); and `steal_per_core`, the fraction of each core's time the
+    hypervisor gave to another machine (/proc/stat; this machine is a VM whose neighbours may
+    take its cores).
 
     Why: on a machine whose speed flips between two modes within minutes (2026-11-28, passes AS
     and AT) the probes just before and after a run did not follow it (pass AT: one run's probes
@@ -183,7 +185,11 @@ class MachineProbe:
         turn = 0
         while not stop.wait(period_s):
           i = turn % len(self.cores)
-          samples[self.cores[i]].append(self._batch_s(i, pool, tokens))
+          try:
+            samples[self.cores[i]].append(self._batch_s(i, pool, tokens))
+          except OSError as exc:  # the server died (refused, reset, timed out): say so, stop
+            result["during_probe_error"] = f"core {self.cores[i]}'s probe server: {exc!r}"
+            return
           turn += 1
 
     thread = threading.Thread(target=loop, name="machine-probe-during", daemon=True)
@@ -198,7 +204,7 @@ class MachineProbe:
       # user, nice, system, idle, iowait, irq, softirq, steal (guest time is inside user's)
       spent = {c: [b - a for a, b in zip(ticks[c][:8], after[c][:8])] for c in self.cores}
       result["steal_per_core"] = {str(c): d[7] / max(sum(d), 1e-9) for c, d in spent.items()}
-      if all(samples.values()):
+      if all(samples.values()) and "during_probe_error" not in result:
         per_core = {str(c): statistics.median(cpu for cpu, _ in s) for c, s in samples.items()}
         result.update(during_probe_per_core=per_core,
                       during_probe_s=statistics.mean(per_core.values()),

@@ -126,6 +126,11 @@ def test_the_probe_during_a_measurement_counts_the_servers_cpu_not_its_wait(run_
     finally:
       hog.kill()
       hog.wait()
+    probe._servers.kill(0)  # a probe server that dies during a measurement is named, not skipped
+    with probe.during(period_s=0.0, tokens=64) as failed:
+      time.sleep(0.5)
+  assert "during_probe_per_core" not in failed
+  assert f"core {core}'s probe server" in failed["during_probe_error"]
   assert alone["during_probe_count"] >= 3 and shared["during_probe_count"] >= 3
   wall = [p["during_probe_wall_per_core"][str(core)] for p in (alone, shared)]
   cpu = [p["during_probe_per_core"][str(core)] for p in (alone, shared)]
