@@ -175,7 +175,9 @@ class MachineProbe:
     a CPU still depend on whether the core idled just before: a batch every 0.2 s on an otherwise
     idle core took 60 ms on a CPU, batches back to back 38 ms (beside a CPU hog: 39 ms on a CPU,
     66 ms of wall time; tests/test_machine_probe.py, 2026-11-28); during a calibration or a run
-    the core is busy, as it is back to back."""
+    the core is busy, as it is back to back. On this machine's slow mode sharing a core costs CPU
+    time too: alone 71 ms on a CPU, beside the hog 110 (2026-11-29), so there a probe batch beside
+    a run's server reads its core slower than the server alone would find it."""
     result: dict[str, Any] = {}
     samples: dict[int, list[tuple[float, float]]] = {core: [] for core in self.cores}
     stop = threading.Event()

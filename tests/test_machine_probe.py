@@ -107,9 +107,12 @@ def test_the_train_probes_learner_is_pinned_and_its_weights_never_change(run_mod
 
 
 def test_the_probe_during_a_measurement_counts_the_servers_cpu_not_its_wait(run_model, tmp_path):
-  # Tried: the probe alone, then beside a CPU hog pinned to the probed core (the hog takes about
-  # half the core, as a run's server does): the batches' wall time must grow and their seconds on
-  # a CPU must not, or the probe would read a shared core as a slower one. Batches back to back
+  # Tried: the probe alone, then beside a CPU hog pinned to the probed core (the hog takes part of
+  # the core, as a run's server does): the batches must wait for the core, and the seconds on a
+  # CPU the probe reports must leave that wait out (the server's schedstat, not wall time), or the
+  # probe would read a shared core's waiting as a slower core. Whether the CPU seconds stay the same
+  # is the machine's business, not the code's: 37.5 -> 39 ms on this machine's normal mode, 71 ->
+  # 110 ms in its slow one (2026-11-29), so that is measured, not asserted. Batches back to back
   # (period 0), so the core never idles between them: after an idle gap a batch runs cold and
   # costs more on a CPU (60 ms a batch every 0.2 s against 38 back to back, 2026-11-28).
   config = load_config_file(str(REPO / "experiments/configs/repeat.py")).replace(
@@ -135,6 +138,6 @@ def test_the_probe_during_a_measurement_counts_the_servers_cpu_not_its_wait(run_
   wall = [p["during_probe_wall_per_core"][str(core)] for p in (alone, shared)]
   cpu = [p["during_probe_per_core"][str(core)] for p in (alone, shared)]
   assert 0 < cpu[0] <= wall[0]
-  assert wall[1] > 1.4 * wall[0]  # the hog shared the core
-  assert cpu[1] < 1.3 * cpu[0]  # and the server's seconds on a CPU did not grow with it
+  waited = [w - c for w, c in zip(wall, cpu)]  # a batch's wall time not on a CPU
+  assert waited[1] > waited[0] + 0.15 * wall[1]  # the hog shared the core; the CPU figure left it
   assert 0 <= shared["steal_per_core"][str(core)] <= 1
