@@ -454,15 +454,23 @@ async def _measure(config: RunConfig, place: Layout, urls: list[str],
   return {"rollout": rollout, "trainer": trainer_cal, "interference": interference}
 
 
-def measure(config_path: str, layout_name: str, reps: int, log_dir: str,
-            split: tuple[int, int] | None = None) -> dict[str, Any]:
-  """Runs in its own process: places itself like `controller.run`, then measures. `split`: the
-  async layout's (rollout, trainer) cores (`--rollout_devices`, `--train_devices`)."""
+def layout_config(config_path: str, layout_name: str, split: tuple[int, int] | None = None
+                  ) -> RunConfig:
+  """The config a run in the `sync` or `async` layout has (`split`: the async layout's (rollout,
+  trainer) cores, `--rollout_devices` and `--train_devices`); `layout(...)` places it."""
   config = load_config(config_path, mode=layout_name,
                        async_ratio=0 if layout_name == "sync" else 1)
   if split is not None:
     config = config.replace(resources=dataclasses.replace(
         config.resources, rollout_devices=split[0], train_devices=split[1]))
+  return config
+
+
+def measure(config_path: str, layout_name: str, reps: int, log_dir: str,
+            split: tuple[int, int] | None = None) -> dict[str, Any]:
+  """Runs in its own process: places itself like `controller.run`, then measures. `split`: the
+  async layout's (rollout, trainer) cores (`--rollout_devices`, `--train_devices`)."""
+  config = layout_config(config_path, layout_name, split)
   cores = sorted(os.sched_getaffinity(0))
   place = layout(config, cores)
   from flashrl_jax.fleet import LocalServers

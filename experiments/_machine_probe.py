@@ -55,7 +55,8 @@ import numpy as np
 import psutil
 
 from experiments import _cpu_time
-from flashrl_jax.controller import LearnerProcess, RunConfig, engine_server_args
+from flashrl_jax.controller import (
+    LearnerProcess, LearnerProcessError, RunConfig, engine_server_args)
 from flashrl_jax.fleet import LocalServers
 from flashrl_jax.model import read_config
 from flashrl_jax.trainer import Trajectory, random_trajectories
@@ -154,8 +155,17 @@ class MachineProbe:
                   [tokens] * self.concurrent))
     return _cpu_time.cpu_times([pid])[0] - before, time.perf_counter() - start
 
+  def _train_s(self, core: int) -> tuple[float, float]:
+    """(seconds core `core`'s learner process spent on a CPU in one train probe step, the step's
+    wall seconds)."""
+    learner = self._learners[self.cores.index(core)]
+    before = _cpu_time.cpu_times([learner.pid])[0]
+    wall = train_step_s(learner, self._config)
+    return _cpu_time.cpu_times([learner.pid])[0] - before, wall
+
   @contextlib.contextmanager
-  def during(self, period_s: float = 5.0, tokens: int = 32) -> Iterator[dict[str, Any]]:
+  def during(self, period_s: float = 5.0, tokens: int = 32, train_cores: Sequence[int] = (),
+             train_period_s: float = 15.0) -> Iterator[dict[str, Any]]:
     """Probes the machine *while* the body runs: every `period_s` seconds one core's server (in
     turn) serves a probe batch of `tokens` tokens a request beside whatever that core is running,
     and its seconds on a CPU are read, not its wall time, so the core's sharing with the
@@ -177,22 +187,49 @@ class MachineProbe:
     66 ms of wall time; tests/test_machine_probe.py, 2026-11-28); during a calibration or a run
     the core is busy, as it is back to back. On this machine's slow mode sharing a core costs CPU
     time too: alone 71 ms on a CPU, beside the hog 110 (2026-11-29), so there a probe batch beside
-    a run's server reads its core slower than the server alone would find it."""
+    a run's server reads its core slower than the server alone would find it.
+
+    With `train_cores`, every `train_period_s` seconds one of those cores' idle learner (in turn)
+    also takes the train probe's step (`probe_batch`), timed by its process's seconds on a CPU:
+    `during_train_probe_per_core`, `_s`, `_wall_per_core` and `_count` likewise (or
+    `during_train_probe_error`). One probe at a time (one thread), so a decode batch and a train
+    step never share a core with each other. Why: in the slow mode the balanced async runs' train
+    steps took x0.98-1.43 of the predicted step while their trainer's core was less contended than
+    at calibration (pass AV, docs/simulator.md): its core ran slower, and the decode probe on it
+    and the train probe around the run did not follow. A train step of the probe batch costs about
+    what an async run's step does (one micro-batch: 0.21-0.34 s around pass AV's balanced runs,
+    whose async steps took 0.26-0.40 s), so one every 15 s takes ~2% of the trainer's core."""
+    if not set(train_cores) <= set(self.cores):
+      raise ValueError(f"train cores {list(train_cores)} are not all probed cores {self.cores}")
     result: dict[str, Any] = {}
-    samples: dict[int, list[tuple[float, float]]] = {core: [] for core in self.cores}
+    kinds = {"during_probe": (self.cores, period_s), "during_train_probe": (
+        list(train_cores), train_period_s)}
+    samples = {kind: {core: [] for core in cores} for kind, (cores, _) in kinds.items()}
     stop = threading.Event()
 
     def loop() -> None:
       with concurrent.futures.ThreadPoolExecutor(self.concurrent) as pool:
-        turn = 0
-        while not stop.wait(period_s):
-          i = turn % len(self.cores)
-          try:
-            samples[self.cores[i]].append(self._batch_s(i, pool, tokens))
-          except OSError as exc:  # the server died (refused, reset, timed out): say so, stop
-            result["during_probe_error"] = f"core {self.cores[i]}'s probe server: {exc!r}"
+        now = time.monotonic()
+        due = {kind: now + period if cores else float("inf")
+               for kind, (cores, period) in kinds.items()}
+        turns = dict.fromkeys(kinds, 0)
+        while min(due.values()) < float("inf"):
+          kind = min(due, key=due.get)  # ties: decode first, then the train probe
+          if stop.wait(max(0.0, due[kind] - time.monotonic())):
             return
-          turn += 1
+          cores, period = kinds[kind]
+          core = cores[turns[kind] % len(cores)]
+          try:
+            samples[kind][core].append(
+                self._batch_s(self.cores.index(core), pool, tokens) if kind == "during_probe"
+                else self._train_s(core))
+          except (OSError, LearnerProcessError) as exc:  # the server or learner died: say so
+            what = "probe server" if kind == "during_probe" else "probe learner"
+            result[f"{kind}_error"] = f"core {core}'s {what}: {exc!r}"
+            due[kind] = float("inf")  # that probe stops; the other goes on
+            continue
+          turns[kind] += 1
+          due[kind] = time.monotonic() + period
 
     thread = threading.Thread(target=loop, name="machine-probe-during", daemon=True)
     ticks = psutil.cpu_times(percpu=True)
@@ -206,13 +243,16 @@ class MachineProbe:
       # user, nice, system, idle, iowait, irq, softirq, steal (guest time is inside user's)
       spent = {c: [b - a for a, b in zip(ticks[c][:8], after[c][:8])] for c in self.cores}
       result["steal_per_core"] = {str(c): d[7] / max(sum(d), 1e-9) for c, d in spent.items()}
-      if all(samples.values()) and "during_probe_error" not in result:
-        per_core = {str(c): statistics.median(cpu for cpu, _ in s) for c, s in samples.items()}
-        result.update(during_probe_per_core=per_core,
-                      during_probe_s=statistics.mean(per_core.values()),
-                      during_probe_wall_per_core={str(c): statistics.median(w for _, w in s)
-                                                  for c, s in samples.items()},
-                      during_probe_count=min(len(s) for s in samples.values()))
+      for kind, per_core_samples in samples.items():
+        if (per_core_samples and all(per_core_samples.values())
+            and f"{kind}_error" not in result):
+          per_core = {str(c): statistics.median(cpu for cpu, _ in s)
+                      for c, s in per_core_samples.items()}
+          result.update({
+              f"{kind}_per_core": per_core, f"{kind}_s": statistics.mean(per_core.values()),
+              f"{kind}_wall_per_core": {str(c): statistics.median(w for _, w in s)
+                                        for c, s in per_core_samples.items()},
+              f"{kind}_count": min(len(s) for s in per_core_samples.values())})
 
   def measure(self) -> dict[str, Any]:
     """Median seconds of the decode probe batch on each core's server and of the train probe's
@@ -250,7 +290,8 @@ def around(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
 def speed_ratio(run: dict[str, Any], calibration: dict[str, Any], cores: Sequence[int],
                 probe: str = "machine_probe") -> float:
   """How much slower the machine ran `cores` around a run than around its calibration by `probe`
-  (the decode probe, "train_probe", or "during_probe", taken while each ran: `MachineProbe.during`):
+  (the decode probe, "train_probe", or "during_probe" / "during_train_probe", taken while each ran:
+  `MachineProbe.during`):
   the mean of the cores' probe ratios (1 without that probe on either side)."""
   key = f"{probe}_per_core"
   if key not in run or key not in calibration:
@@ -277,6 +318,9 @@ class Sides(enum.Enum):
   SERVERS = "servers"  # the servers' costs, by their cores' probes (the default: module doc)
   BOTH = "both"  # the trainer's too, by its cores' decode probes (the rule before 2026-11-28)
   TRAIN = "train"  # the servers' by their decode probes, the trainer's by its cores' train probes
+  # The servers' by their decode probes, the trainer's by its cores' train probe taken during the
+  # run against the one during the calibration (`MachineProbe.during`; since 2026-11-29).
+  TRAIN_DURING = "train_during"
 
 
 def machine_speed(run: dict[str, Any], calibration: dict[str, Any], server_cores: Sequence[int],
@@ -287,5 +331,7 @@ def machine_speed(run: dict[str, Any], calibration: dict[str, Any], server_cores
   servers = speed_ratio(run, calibration, server_cores) if sides != Sides.NONE else 1.0
   trainer = {Sides.BOTH: lambda: speed_ratio(run, calibration, train_cores),
              Sides.TRAIN: lambda: speed_ratio(run, calibration, train_cores, "train_probe"),
+             Sides.TRAIN_DURING: lambda: speed_ratio(run, calibration, train_cores,
+                                                     "during_train_probe"),
              }.get(sides, lambda: 1.0)()
   return servers, trainer

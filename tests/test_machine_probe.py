@@ -4,12 +4,14 @@ and a learner process on one core). What is tried: a core that slowed around a r
 that did not, a run or calibration without a probe (older passes, `--nomachine_probe`), a
 calibration blended from two, the train probe next to the decode probe, and a learner probed
 many times, whose weights must not move (its steps would otherwise change what they compute); the
-probe during a measurement on an idle core and on a core a CPU hog shares."""
+probes during a measurement (decode batches and train steps) on an idle core and on a core a CPU
+hog shares, and with their server or learner killed."""
 
 import dataclasses
 import functools
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -57,7 +59,7 @@ def test_a_runs_costs_follow_the_machine_probe_of_its_own_cores():
 def test_the_probe_rescales_the_servers_costs_and_leaves_the_trainers_by_default():
   # Tried: around the run the servers' core 0 probed 1.2x slower and the trainer's core 1 0.9x
   # (faster), as pass AN's trainer core read while its train steps were not faster; the train
-  # probe read the trainer's core 1.1x slower.
+  # probe read the trainer's core 1.1x slower; a train probe during the run and none.
   calibration = {"machine_probe_s": 15e-3, "machine_probe_per_core": {"0": 20e-3, "1": 10e-3},
                  "train_probe_s": 0.05, "train_probe_per_core": {"0": 0.05, "1": 0.04}}
   run = {"machine_probe_s": 16.5e-3, "machine_probe_per_core": {"0": 24e-3, "1": 9e-3},
@@ -66,6 +68,13 @@ def test_the_probe_rescales_the_servers_costs_and_leaves_the_trainers_by_default
   assert speed() == pytest.approx((1.2, 1.0))
   assert speed(Sides.BOTH) == pytest.approx((1.2, 0.9))
   assert speed(Sides.TRAIN) == pytest.approx((1.2, 1.1))
+  # The train probe during the run read the trainer's core 1.3x slower than during calibration.
+  during = functools.partial(_machine_probe.machine_speed,
+                             {**run, "during_train_probe_per_core": {"1": 0.052}},
+                             {**calibration, "during_train_probe_per_core": {"1": 0.04}}, [0], [1])
+  assert during(Sides.TRAIN_DURING) == pytest.approx((1.2, 1.3))
+  assert during(Sides.TRAIN) == pytest.approx((1.2, 1.1))  # the probes around it as before
+  assert speed(Sides.TRAIN_DURING) == pytest.approx((1.2, 1.0))  # no such probe: not rescaled
   assert speed(Sides.NONE) == (1.0, 1.0)
   assert _machine_probe.machine_speed({}, calibration, [0], [1]) == (1.0, 1.0)  # no run probe
 
@@ -117,27 +126,42 @@ def test_the_probe_during_a_measurement_counts_the_servers_cpu_not_its_wait(run_
   # costs more on a CPU (60 ms a batch every 0.2 s against 38 back to back, 2026-11-28).
   config = load_config_file(str(REPO / "experiments/configs/repeat.py")).replace(
       model_path=run_model, workdir=str(tmp_path / "run"), batch_size=4, group_size=4)
+  # The train probe during it (the learner's step on the same core, in turn with the decode
+  # batches) likewise; a probe server and then a probe learner that die are named, and the other
+  # probe goes on.
   core = min(os.sched_getaffinity(0))
+  back_to_back = dict(period_s=0.0, tokens=64, train_cores=[core], train_period_s=0.0)
   with _machine_probe.MachineProbe(config, str(tmp_path / "probe"), cores=[core], reps=3,
                                    train_reps=1) as probe:
-    with probe.during(period_s=0.0, tokens=64) as alone:
-      time.sleep(2.5)
+    with pytest.raises(ValueError, match="not all probed cores"):
+      with probe.during(train_cores=[core + 1]):
+        pass
+    with probe.during(**back_to_back) as alone:
+      time.sleep(3.0)
     hog = subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"])
     try:
-      with probe.during(period_s=0.0, tokens=64) as shared:
-        time.sleep(3.5)
+      with probe.during(**back_to_back) as shared:
+        time.sleep(4.0)
     finally:
       hog.kill()
       hog.wait()
     probe._servers.kill(0)  # a probe server that dies during a measurement is named, not skipped
-    with probe.during(period_s=0.0, tokens=64) as failed:
+    with probe.during(**back_to_back) as no_server:
+      time.sleep(1.0)
+    os.kill(probe._learners[0].pid, signal.SIGKILL)
+    with probe.during(**back_to_back) as neither:
       time.sleep(0.5)
-  assert "during_probe_per_core" not in failed
-  assert f"core {core}'s probe server" in failed["during_probe_error"]
-  assert alone["during_probe_count"] >= 3 and shared["during_probe_count"] >= 3
-  wall = [p["during_probe_wall_per_core"][str(core)] for p in (alone, shared)]
-  cpu = [p["during_probe_per_core"][str(core)] for p in (alone, shared)]
-  assert 0 < cpu[0] <= wall[0]
-  waited = [w - c for w, c in zip(wall, cpu)]  # a batch's wall time not on a CPU
-  assert waited[1] > waited[0] + 0.15 * wall[1]  # the hog shared the core; the CPU figure left it
+  assert "during_probe_per_core" not in no_server
+  assert f"core {core}'s probe server" in no_server["during_probe_error"]
+  assert no_server["during_train_probe_count"] >= 1  # the train probe went on
+  assert "during_train_probe_per_core" not in neither
+  assert f"core {core}'s probe learner" in neither["during_train_probe_error"]
+  for kind in ("during_probe", "during_train_probe"):
+    assert alone[f"{kind}_count"] >= 3 and shared[f"{kind}_count"] >= 3, kind
+    wall = [p[f"{kind}_wall_per_core"][str(core)] for p in (alone, shared)]
+    cpu = [p[f"{kind}_per_core"][str(core)] for p in (alone, shared)]
+    assert 0 < cpu[0] <= wall[0], kind
+    waited = [w - c for w, c in zip(wall, cpu)]  # a batch's or step's wall time not on a CPU
+    # The hog shared the core; the CPU figure left that wait out.
+    assert waited[1] > waited[0] + 0.15 * wall[1], (kind, wall, cpu)
   assert 0 <= shared["steal_per_core"][str(core)] <= 1

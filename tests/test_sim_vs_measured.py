@@ -135,6 +135,11 @@ def test_layouts_follow_the_runs_placement():
   assert shared.server_cpus == ((0,), (0,)) and len(shared.workers) == 1
   in_process = _calibration.layout(split.replace(learner_process=False), [0, 1])
   assert in_process.client_cpus == (0,)
+  # The layouts the calibration measures and a pass's train probes go to, by the split asked for.
+  for name, split_, train in (("sync", None, (0, 1, 2)), ("async", (1, 1), (1,)),
+                              ("async", (1, 2), (1, 2))):
+    config = _calibration.layout_config(path, name, split_)
+    assert _calibration.layout(config, [0, 1, 2]).train_cpus == train, (name, split_)
 
 
 def test_measured_throughput_skips_the_warmup(tmp_path):

@@ -2,7 +2,7 @@
 
     python -m experiments.benchmarks.sim_vs_measured [--regimes=longtail,balanced]
         [--modes=sync,1,2,4] [--repeats=3] [--nobracket] [--nomachine_probe]
-        [--probe_sides=servers|both|train|none] [--out=DIR]
+        [--probe_sides=servers|both|train|train_during|none] [--out=DIR]
     python -m experiments.benchmarks.sim_vs_measured --repredict=DIR [--probe_sides=...]
 
 For each regime (a run config file) the script first calibrates `flashrl_jax.sim` with standalone
@@ -111,8 +111,8 @@ _PROBE = flags.DEFINE_bool(
 _SIDES = flags.DEFINE_enum(
     "probe_sides", "servers", [s.value for s in _machine_probe.Sides],
     "Which costs the machine probe rescales: the servers' (default), both sides' by the decode "
-    "probe, the servers' by it and the trainer's by the train probe (train), or none "
-    "(experiments/_machine_probe.py says why not the trainer's).")
+    "probe, the servers' by it and the trainer's by the train probe around the run (train) or "
+    "during it (train_during), or none (experiments/_machine_probe.py says why not the trainer's).")
 _OUT = flags.DEFINE_string("out", None, "Directory for runs and calibrations (default: temp).")
 _REPREDICT = flags.DEFINE_string(
     "repredict", None, "A pass's --out directory: predict its saved runs again from its saved "
@@ -231,6 +231,12 @@ def run_request_s(calibration: dict, window: dict | None) -> float | None:
       ro["decode_step_s"], window["requests"] / servers)
 
 
+def train_cores(path: str, layout: str) -> list[int]:
+  """The cores a run or calibration of `path` in `layout` trains on (its train probe's)."""
+  config = _calibration.layout_config(path, layout, _split() if layout == "async" else None)
+  return list(_calibration.layout(config, sorted(os.sched_getaffinity(0))).train_cpus)
+
+
 def measure_mode(path: str, regime: str, mode: str, repeat: int, out: str, steps: int,
                  warmup: int, probe: _machine_probe.MachineProbe | None = None) -> MeasuredRun:
   """Runs one mode of `regime` for real (with `probe`, the machine probed just before and after)
@@ -239,7 +245,8 @@ def measure_mode(path: str, regime: str, mode: str, repeat: int, out: str, steps
   workdir = run_dir(out, regime, mode, repeat)
   before = probe.measure() if probe is not None else None
   start = time.time()
-  with probe.during() if probe is not None else contextlib.nullcontext({}) as during:
+  with (probe.during(train_cores=train_cores(path, layout)) if probe is not None
+        else contextlib.nullcontext({})) as during:
     info = run(path, workdir, layout, alpha, steps, warmup)
   end = time.time()
   if probe is not None:
@@ -337,8 +344,9 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
              [r.rollout_busy_fraction for r in results]))}
   if "machine_probe_s" in info and "machine_probe_s" in cal:
     machine, Sides = p["machine"], _machine_probe.Sides
-    others = [Sides.NONE, Sides.BOTH] + (  # the train probe: passes since eb808f8
-        [Sides.TRAIN] if "train_probe_s" in info and "train_probe_s" in cal else [])
+    probed = {Sides.TRAIN: "train_probe_s", Sides.TRAIN_DURING: "during_train_probe_s"}
+    others = [Sides.NONE, Sides.BOTH] + [  # train probes: since eb808f8, during since 2026-11-29
+        s for s, key in probed.items() if key in info and key in cal]
     other = {other: predicted if other == sides else  # the rule applied: computed above
              predicted_samples_per_s(done, path, cal, steps, warmup, other)["predicted"]
              for other in others}
@@ -355,6 +363,14 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
                  error_probe_train=error(other[Sides.TRAIN]))
       train = (f"; the trainer's core's train probe x{train_probe:.3f}, with it on the trainer "
                f"{other[Sides.TRAIN]:7.2f} ({row['error_probe_train']:5.1%})")
+    if Sides.TRAIN_DURING in other:  # printed, not applied: its first pass is its test
+      during = _machine_probe.speed_ratio(info, cal, cal["placement"]["train_cpus"],
+                                          "during_train_probe")
+      row.update(trainer_core_during_train_probe=during,
+                 predicted_probe_train_during=other[Sides.TRAIN_DURING],
+                 error_probe_train_during=error(other[Sides.TRAIN_DURING]))
+      train += (f"; its train probe during the run x{during:.3f}, with it on the trainer "
+                f"{other[Sides.TRAIN_DURING]:7.2f} ({row['error_probe_train_during']:5.1%})")
     print(f"{done.regime:>9} {name:<10} r{done.repeat} machine probe around the run "
           f"{info['machine_probe_s'] * 1e3:.1f} ms against the calibration's "
           f"{cal['machine_probe_s'] * 1e3:.1f} ms: costs x{machine.servers:.3f} (servers) "
@@ -478,7 +494,8 @@ def calibrate_layout(path: str, regime: str, layout: str, out: str, suffix: str,
   midpoint (`time_mid`, seconds)."""
   before = probe.measure() if probe is not None else None
   start = time.time()
-  with probe.during() if probe is not None else contextlib.nullcontext({}) as during:
+  with (probe.during(train_cores=train_cores(path, layout)) if probe is not None
+        else contextlib.nullcontext({})) as during:
     cal = _calibration.calibrate(path, layout, reps=_REPS.value,
                                  log_dir=calibration_stem(out, regime, layout, suffix),
                                  split=_split() if layout == "async" else None)
