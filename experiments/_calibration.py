@@ -466,6 +466,14 @@ def layout_config(config_path: str, layout_name: str, split: tuple[int, int] | N
   return config
 
 
+def train_cores(config_path: str, layout_name: str, split: tuple[int, int] | None = None
+                ) -> list[int]:
+  """The cores of this process's that a run or calibration in `layout_name` trains on (`split`:
+  the async layout's, ignored in sync)."""
+  config = layout_config(config_path, layout_name, split if layout_name == "async" else None)
+  return list(layout(config, sorted(os.sched_getaffinity(0))).train_cpus)
+
+
 def measure(config_path: str, layout_name: str, reps: int, log_dir: str,
             split: tuple[int, int] | None = None) -> dict[str, Any]:
   """Runs in its own process: places itself like `controller.run`, then measures. `split`: the

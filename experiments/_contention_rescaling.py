@@ -108,6 +108,20 @@ def rescaled_prediction(calibration: dict, contention: Contention,
   return results, slowdown
 
 
+def trainer_floor(slowdown: Contention) -> Contention:
+  """`slowdown` with the trainer's factor at least 1: a run whose trainer's process waited for a
+  CPU less than the calibration's reference is not taken to train faster than calibrated.
+
+  Why (printed beside the rule since 2026-11-29; chosen on passes AS-AW, so the passes after them
+  are its test): in the machine's slow mode all 27 balanced async runs of AS-AW met 0.74-0.91 of
+  the reference's contention on the trainer's process, the rule sped its costs up by that, and all
+  27 were over-predicted (+1.8 to +43.2%) while their train steps took x0.98-1.43 of the predicted
+  step. There a shared core costs CPU time as well as waiting (a probe batch beside a CPU hog: 71
+  -> 110 ms on a CPU, `MachineProbe.during`), so waiting less did not make the steps faster.
+  Re-predicted offline with the floor those runs erred by -11.8 to +27.1% (docs/simulator.md)."""
+  return Contention(slowdown.servers, max(1.0, slowdown.trainer))
+
+
 def beside_contention(alone: float, overall: float, beside_fraction: float) -> float:
   """The contention a thread met while beside the other side, if it met `alone` for the rest of
   its wall time and `overall` over all of it: `mixed_contention` solved for `beside`. Where

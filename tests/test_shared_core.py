@@ -4,7 +4,9 @@ and the regime's pooled machine probes (`experiments/_machine_probe.py`). What i
 hand-set numbers: a run whose trainer met exactly the calibration's alone or beside contention,
 one in between, contentions outside the calibrated range (below alone; beyond anything a beside
 phase could reach), a calibration without an interference measurement, a fraction of 0 or above 1,
-and a pool with one probe far from the others."""
+and a pool with one probe far from the others. Since 2026-11-29 also the third printed beside it:
+the trainer's contention factor floored at 1 (a trainer that waited less than the reference, one
+that waited more, the servers' factor either way)."""
 
 import types
 
@@ -13,8 +15,8 @@ import pytest
 
 from experiments import _machine_probe
 from experiments._contention_rescaling import (
-    Overlap, beside_contention, mixed_contention, shared_core_prediction,
-    shared_core_train_factor)
+    Contention, Overlap, beside_contention, mixed_contention, shared_core_prediction,
+    shared_core_train_factor, trainer_floor)
 
 
 def _calibration(alone: float = 1.2, beside: float = 2.0, factor: float = 2.2) -> dict:
@@ -95,3 +97,11 @@ def test_pooled_probes_are_each_cores_median():
   cals = _machine_probe.pooled([{"machine_probe_per_core": {"0": 60e-3, "1": 70e-3}}])
   assert _machine_probe.speed_ratio(pool, cals, [0]) == pytest.approx(50 / 60)
   assert _machine_probe.speed_ratio(pool, cals, [0, 1]) == pytest.approx(np.mean([50 / 60, 1.0]))
+
+
+def test_the_trainers_factor_is_floored_at_one_and_the_servers_left_alone():
+  # Tried: a trainer that met 0.8 of the reference contention (the rule would speed its costs up
+  # x0.8: pass AS-AW's balanced async runs), one that met 1.3, and servers faster or slower.
+  assert trainer_floor(Contention(1.2, 0.8)) == Contention(1.2, 1.0)
+  assert trainer_floor(Contention(0.7, 0.8)) == Contention(0.7, 1.0)  # the servers' may go below 1
+  assert trainer_floor(Contention(0.9, 1.3)) == Contention(0.9, 1.3)

@@ -140,6 +140,10 @@ def test_layouts_follow_the_runs_placement():
                               ("async", (1, 2), (1, 2))):
     config = _calibration.layout_config(path, name, split_)
     assert _calibration.layout(config, [0, 1, 2]).train_cpus == train, (name, split_)
+  cores = sorted(os.sched_getaffinity(0))  # this process's, as the probes get them
+  assert _calibration.train_cores(path, "sync", (1, 1)) == cores  # sync ignores the split
+  if len(cores) >= 2:
+    assert _calibration.train_cores(path, "async", (1, 1)) == cores[1:2]
 
 
 def test_measured_throughput_skips_the_warmup(tmp_path):

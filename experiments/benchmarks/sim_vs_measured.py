@@ -69,7 +69,7 @@ from absl import app, flags
 from experiments import _calibration, _calibration_fits, _cpu_time, _machine_probe
 from experiments._contention_rescaling import (  # noqa: F401 (mixed_contention: re-exported)
     Contention, Overlap, mixed_contention, reference_contention, rescaled_prediction,
-    shared_core_prediction)
+    shared_core_prediction, trainer_floor)
 from experiments._pass_files import (
     LAYOUTS, MeasuredRun, calibration_stem, mode_alpha, mode_layout, mode_name, run_dir,
     saved_calibrations, saved_runs)
@@ -231,12 +231,6 @@ def run_request_s(calibration: dict, window: dict | None) -> float | None:
       ro["decode_step_s"], window["requests"] / servers)
 
 
-def train_cores(path: str, layout: str) -> list[int]:
-  """The cores a run or calibration of `path` in `layout` trains on (its train probe's)."""
-  config = _calibration.layout_config(path, layout, _split() if layout == "async" else None)
-  return list(_calibration.layout(config, sorted(os.sched_getaffinity(0))).train_cpus)
-
-
 def measure_mode(path: str, regime: str, mode: str, repeat: int, out: str, steps: int,
                  warmup: int, probe: _machine_probe.MachineProbe | None = None) -> MeasuredRun:
   """Runs one mode of `regime` for real (with `probe`, the machine probed just before and after)
@@ -245,8 +239,8 @@ def measure_mode(path: str, regime: str, mode: str, repeat: int, out: str, steps
   workdir = run_dir(out, regime, mode, repeat)
   before = probe.measure() if probe is not None else None
   start = time.time()
-  with (probe.during(train_cores=train_cores(path, layout)) if probe is not None
-        else contextlib.nullcontext({})) as during:
+  with (probe.during(train_cores=_calibration.train_cores(path, layout, _split()))
+        if probe is not None else contextlib.nullcontext({})) as during:
     info = run(path, workdir, layout, alpha, steps, warmup)
   end = time.time()
   if probe is not None:
@@ -441,8 +435,9 @@ def alternative_predictions(done: MeasuredRun, path: str, cal: dict, steps: int,
   servers' costs rescaled by the probe taken *during* the run over the one during its calibration
   (`MachineProbe.during`: seconds on a CPU, so the core's sharing does not count). Keys
   `predicted_pooled_probe`, `predicted_shared_core`, `shared_core_train_factor`,
-  `pooled_probe_speed`, `predicted_during_probe`, `during_probe_speed`, and `line` (what to print:
-  (key, label) pairs)."""
+  `pooled_probe_speed`, `predicted_during_probe`, `during_probe_speed`, `predicted_trainer_floor`
+  (async: the rule with `trainer_floor`, since 2026-11-29) and `line` (what to print: (key, label)
+  pairs)."""
   out: dict = {"line": []}
 
   def probed(run_probe: dict, cal_probe: dict) -> tuple[float, float]:
@@ -467,8 +462,12 @@ def alternative_predictions(done: MeasuredRun, path: str, cal: dict, steps: int,
     out["predicted_pooled_probe"], out["pooled_probe_speed"] = probed(pools[0][key], pools[1][key])
     out["line"].append(("pooled_probe", f"the regime's pooled probes "
                         f"(x{out['pooled_probe_speed']:.3f} on the servers)"))
+  predict = predictor(done, path, cal, steps, warmup)
+  if done.layout != "sync":  # since 2026-11-29 (`trainer_floor` says why)
+    out["predicted_trainer_floor"] = mean_samples_per_s(predict(trainer_floor(rule["slowdown"])))
+    out["line"].append(("trainer_floor", f"the trainer's contention factor "
+                        f"x{rule['slowdown'].trainer:.2f} floored at 1"))
   if done.layout != "sync" and "beside_rollout" in cal["trainer"]:
-    predict = predictor(done, path, cal, steps, warmup)
     servers = Contention(rule["slowdown"].servers, 1.0)
     results, factor = shared_core_prediction(
         cal, done.info["contention"]["trainer"],
@@ -494,8 +493,8 @@ def calibrate_layout(path: str, regime: str, layout: str, out: str, suffix: str,
   midpoint (`time_mid`, seconds)."""
   before = probe.measure() if probe is not None else None
   start = time.time()
-  with (probe.during(train_cores=train_cores(path, layout)) if probe is not None
-        else contextlib.nullcontext({})) as during:
+  with (probe.during(train_cores=_calibration.train_cores(path, layout, _split()))
+        if probe is not None else contextlib.nullcontext({})) as during:
     cal = _calibration.calibrate(path, layout, reps=_REPS.value,
                                  log_dir=calibration_stem(out, regime, layout, suffix),
                                  split=_split() if layout == "async" else None)
