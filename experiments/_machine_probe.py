@@ -33,7 +33,10 @@ The same servers are also probed *during* each calibration and each run (`Machin
 a small batch every few seconds on a core that the measurement is using, timed by the server's
 seconds on a CPU rather than its wall time. sim_vs_measured prints the prediction it gives beside
 the rule (since pass AU), not applied: probes before and after a run did not follow the runs in
-passes AS and AT.
+passes AS and AT. Since 2026-11-29 the idle learner of the trainer's cores also takes a train step
+during each (`during(train_cores=...)`), printed likewise: in its first pass (AW) it read the
+trainer's core x0.87-1.01 of the calibrations' while the runs' train steps took x1.08-1.27 of the
+predicted step, so it did not follow them either (docs/simulator.md).
 """
 
 from __future__ import annotations
@@ -195,8 +198,8 @@ class MachineProbe:
     `during_train_probe_error`). One probe at a time (one thread), so a decode batch and a train
     step never share a core with each other. Why: in the slow mode the balanced async runs' train
     steps took x0.98-1.43 of the predicted step while their trainer's core was less contended than
-    at calibration (pass AV, docs/simulator.md): its core ran slower, and the decode probe on it
-    and the train probe around the run did not follow. A train step of the probe batch costs about
+    at calibration (pass AV, docs/simulator.md), and neither the decode probe on that core nor the
+    train probe around the run followed (nor, in its first pass, did this one: module doc). A train step of the probe batch costs about
     what an async run's step does (one micro-batch: 0.21-0.34 s around pass AV's balanced runs,
     whose async steps took 0.26-0.40 s), so one every 15 s takes ~2% of the trainer's core."""
     if not set(train_cores) <= set(self.cores):

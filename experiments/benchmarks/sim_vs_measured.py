@@ -33,11 +33,12 @@ rescaling used before (which counts the sharing twice), without rescaling, from 
 calibration alone, without the machine probe, with the decode probe on the trainer's costs too and
 with the train probe on them (`--probe_sides=train`), with the regime's pooled probes, with the
 async trainer's factor from its core's sharing and with the probe taken during the run (seconds on
-a CPU of a small decode batch every 10 s per core; `alternative_predictions`), the measurement
-(samples/s over the steps after `--warmup_steps`, as `async_vs_sync` measures it) and the error,
-and the run's mean response
-length beside the calibration's: the calibration samples the initial policy, and a run whose policy
-drifts to shorter answers is faster than that policy would be (docs/simulator.md).
+a CPU of a small decode batch every 10 s per core; `alternative_predictions`), with the trainer's
+costs rescaled by a train step taken during the run (`--probe_sides=train_during`) and, in async,
+with the trainer's contention factor floored at 1 (`trainer_floor`), the measurement (samples/s
+over the steps after `--warmup_steps`, as `async_vs_sync` measures it) and the error, and the run's
+mean response length beside the calibration's: the calibration samples the initial policy, and a
+run whose policy drifts to shorter answers is faster than that policy would be (docs/simulator.md).
 
 With `--repeats=N` every mode runs N times (interleaved, reversed on odd repeats) and, per mode, the
 median prediction is compared with the median measurement too: on this 2-core machine one run of a
