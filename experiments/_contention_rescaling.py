@@ -112,14 +112,37 @@ def trainer_floor(slowdown: Contention) -> Contention:
   """`slowdown` with the trainer's factor at least 1: a run whose trainer's process waited for a
   CPU less than the calibration's reference is not taken to train faster than calibrated.
 
-  Why (printed beside the rule since 2026-11-29; chosen on passes AS-AW, so the passes after them
-  are its test): in the machine's slow mode all 27 balanced async runs of AS-AW met 0.74-0.91 of
-  the reference's contention on the trainer's process, the rule sped its costs up by that, and all
-  27 were over-predicted (+1.8 to +43.2%) while their train steps took x0.98-1.43 of the predicted
-  step. There a shared core costs CPU time as well as waiting (a probe batch beside a CPU hog: 71
-  -> 110 ms on a CPU, `MachineProbe.during`), so waiting less did not make the steps faster.
-  Re-predicted offline with the floor those runs erred by -11.8 to +27.1% (docs/simulator.md)."""
+  Why (chosen on passes AS-AW, printed beside the rule through AX-AZ, the rule since): in the
+  machine's slow mode all 27 balanced async runs of AS-AW met 0.74-0.91 of the reference's
+  contention on the trainer's process, the rule sped its costs up by that, and all 27 were
+  over-predicted (+1.8 to +43.2%) while their train steps took x0.98-1.43 of the predicted step.
+  There a shared core costs CPU time as well as waiting (a probe batch beside a CPU hog: 71 -> 110
+  ms on a CPU, `MachineProbe.during`), so waiting less did not make the steps faster. Re-predicted
+  offline with the floor those runs erred by -11.8 to +27.1%; on the 12 async runs of the three
+  passes after (AX-AZ, 2026-11-29, factors 0.79-0.88) 9 came within 15% against the unfloored
+  rule's 3 (docs/simulator.md)."""
   return Contention(slowdown.servers, max(1.0, slowdown.trainer))
+
+
+@dataclasses.dataclass(frozen=True)
+class Rescaled:
+  """A prediction and the contention factors its costs were rescaled by."""
+
+  results: list[sim.SimResult]
+  slowdown: Contention
+
+
+def floored_prediction(calibration: dict, contention: Contention,
+                       predict: Callable[[Contention], list[sim.SimResult]], overlap: Overlap
+                       ) -> tuple[Rescaled, Rescaled]:
+  """The async rule: `rescaled_prediction`, predicted again with the trainer's factor floored at
+  1 where it came out below (`trainer_floor`; the servers' factor, and so the overlap, as the fixed
+  point found them). Returns (the rule's, the fixed point's before the floor)."""
+  unfloored = Rescaled(*rescaled_prediction(calibration, contention, predict, overlap))
+  floored = trainer_floor(unfloored.slowdown)
+  if floored == unfloored.slowdown:
+    return unfloored, unfloored
+  return Rescaled(predict(floored), floored), unfloored
 
 
 def beside_contention(alone: float, overall: float, beside_fraction: float) -> float:

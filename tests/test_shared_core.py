@@ -4,9 +4,10 @@ and the regime's pooled machine probes (`experiments/_machine_probe.py`). What i
 hand-set numbers: a run whose trainer met exactly the calibration's alone or beside contention,
 one in between, contentions outside the calibrated range (below alone; beyond anything a beside
 phase could reach), a calibration without an interference measurement, a fraction of 0 or above 1,
-and a pool with one probe far from the others. Since 2026-11-29 also the third printed beside it:
-the trainer's contention factor floored at 1 (a trainer that waited less than the reference, one
-that waited more, the servers' factor either way)."""
+and a pool with one probe far from the others. Since 2026-11-29 also the trainer's contention
+factor floored at 1, printed beside the rule through passes AX-AZ and the async rule since (a
+trainer that waited less than the reference, one that waited more, the servers' factor either
+way; the rule's prediction with it: tests/test_sim_vs_measured.py)."""
 
 import types
 

@@ -521,6 +521,39 @@ def test_an_async_run_that_meets_only_the_calibrated_sharing_is_not_rescaled():
   assert rate(twice) < 0.9 * rate(unscaled)
 
 
+def test_an_async_run_whose_trainer_waited_less_than_the_reference_trains_at_calibrated_speed():
+  # The async rule since 2026-11-29 (`trainer_floor`). Tried: a run whose trainer's process met
+  # 0.8 of the reference contention (what the slow mode's balanced async runs met), one that met
+  # 1.3, the servers at the reference each time; the real simulator, a trainer-bound layout
+  # (a train step of 0.2 s alone, 0.4 s beside rollout, against 0.2 s of decode per response).
+  from experiments._contention_rescaling import floored_prediction
+  cal = _async_calibration(servers_sharing=1.5, trainer_sharing=2.0)
+  cal["trainer"]["alone"]["train_s"] = [0.2, 0.2]
+  knobs = ("async", 2, 4, 4, PauseMode.IN_PLACE, 12, 4)
+
+  def predict(slowdown):
+    config = sim_vs_measured.sim_config(cal, *knobs, rollout_slowdown=slowdown.servers,
+                                        train_slowdown=slowdown.trainer)
+    return [sim.simulate(config, seed=s) for s in range(2)]
+
+  def rate(results):
+    return np.mean([r.samples_per_s for r in results])
+
+  overlap = sim_vs_measured.Overlap.of(predict(sim_vs_measured.Contention(1.0, 1.0)))
+  reference = sim_vs_measured.reference_contention(cal, "async", overlap)
+  at_reference, _ = floored_prediction(cal, reference, predict, overlap)
+  calm = sim_vs_measured.Contention(reference.servers, 0.8 * reference.trainer)
+  rule, unfloored = floored_prediction(cal, calm, predict, overlap)
+  assert unfloored.slowdown.trainer < 0.9  # (below 0.8: the reference moves with the overlap)
+  assert rule.slowdown == sim_vs_measured.Contention(unfloored.slowdown.servers, 1.0)
+  assert rate(rule.results) == pytest.approx(rate(at_reference.results), rel=0.03)
+  assert rate(unfloored.results) > 1.1 * rate(rule.results)  # trainer-bound: x0.8 shows
+  busy = sim_vs_measured.Contention(reference.servers, 1.3 * reference.trainer)
+  rule, unfloored = floored_prediction(cal, busy, predict, overlap)
+  assert rule == unfloored and rule.slowdown.trainer > 1.1
+  assert rate(rule.results) < 0.9 * rate(at_reference.results)
+
+
 def test_a_runs_decode_iteration_is_compared_at_the_calibrated_step_per_worker():
   cal = _calibration_of(length=50, step_s=0.004, train_s=0.05)
   cal["rollout"]["decode_step_s"] = [0.001, 0.008]  # at 1 and 8 live requests per worker

@@ -28,15 +28,16 @@ that sharing (measured as the calibration's async layout places it: the learner 
 client, `experiments/_calibration.py`); so that the ratio does not charge it again, an async run's
 contention is divided by the calibration's as a run would meet it: alone and beside the other side,
 weighted by the share of each side's time the simulation spends beside the other
-(`reference_contention`). Every row prints the prediction with that rescaling, with the alone-only
-rescaling used before (which counts the sharing twice), without rescaling, from the first
-calibration alone, without the machine probe, with the decode probe on the trainer's costs too and
-with the train probe on them (`--probe_sides=train`), with the regime's pooled probes, with the
-async trainer's factor from its core's sharing and with the probe taken during the run (seconds on
-a CPU of a small decode batch every 10 s per core; `alternative_predictions`), with the trainer's
-costs rescaled by a train step taken during the run (`--probe_sides=train_during`) and, in async,
-with the trainer's contention factor floored at 1 (`trainer_floor`), the measurement (samples/s
-over the steps after `--warmup_steps`, as `async_vs_sync` measures it) and the error, and the run's
+(`reference_contention`), the trainer's factor floored at 1 (`trainer_floor`, since 2026-11-29).
+Every row prints the prediction with that rescaling, with the alone-only rescaling used before
+(which counts the sharing twice), without rescaling, from the first calibration alone, without the
+machine probe, with the decode probe on the trainer's costs too and with the train probe on them
+(`--probe_sides=train`), with the regime's pooled probes, with the async trainer's factor from its
+core's sharing and with the probe taken during the run (seconds on a CPU of a small decode batch
+every 10 s per core; `alternative_predictions`), with the trainer's costs rescaled by a train step
+taken during the run (`--probe_sides=train_during`) and, in async, without the floor, the
+measurement (samples/s over the steps after `--warmup_steps`, as `async_vs_sync` measures it) and
+the error, and the run's
 mean response length beside the calibration's: the calibration samples the initial policy, and a
 run whose policy drifts to shorter answers is faster than that policy would be (docs/simulator.md).
 
@@ -69,8 +70,8 @@ from absl import app, flags
 
 from experiments import _calibration, _calibration_fits, _cpu_time, _machine_probe
 from experiments._contention_rescaling import (  # noqa: F401 (mixed_contention: re-exported)
-    Contention, Overlap, mixed_contention, reference_contention, rescaled_prediction,
-    shared_core_prediction, trainer_floor)
+    Contention, Overlap, floored_prediction, mixed_contention, reference_contention,
+    rescaled_prediction, shared_core_prediction)
 from experiments._pass_files import (
     LAYOUTS, MeasuredRun, calibration_stem, mode_alpha, mode_layout, mode_name, run_dir,
     saved_calibrations, saved_runs)
@@ -297,14 +298,15 @@ def predicted_samples_per_s(done: MeasuredRun, path: str, cal: dict, steps: int,
   # Alone-only reference (what this script did before; in async it counts the sharing twice).
   alone_ref = reference_contention(cal, "sync")
   alone_only = predict(contention / alone_ref)
-  results, slowdown = alone_only, contention / alone_ref
-  if done.layout != "sync":
-    results, slowdown = rescaled_prediction(cal, contention, predict, Overlap.of(unscaled))
+  results, slowdown, unfloored = alone_only, contention / alone_ref, None
+  if done.layout != "sync":  # the trainer's factor floored at 1 since 2026-11-29 (`trainer_floor`)
+    rule, unfloored = floored_prediction(cal, contention, predict, Overlap.of(unscaled))
+    results, slowdown = rule.results, rule.slowdown
 
   mean = mean_samples_per_s
   return {"predicted": mean(results), "predicted_raw": mean(unscaled), "machine": machine,
           "predicted_alone_ref": mean(alone_only), "results": results, "slowdown": slowdown,
-          "slowdown_alone_ref": contention / alone_ref}
+          "slowdown_alone_ref": contention / alone_ref, "unfloored": unfloored}
 
 
 def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int,
@@ -427,18 +429,16 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
 
 def alternative_predictions(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int,
                             rule: dict, pools: tuple[dict, dict] | None) -> dict:
-  """Two predictions beside the rule, written before pass AT was read (so AT and later passes test
-  them): the servers' costs rescaled by the regime's pooled probes (every run's against every
-  calibration's, per core median) instead of the run's own, so that one probe catching the
-  machine in a fast or slow minute does not move one run's prediction (pass AS); and, in the async
-  layout, the train step beside rollout by `shared_core_train_factor` (the servers as the rule
-  has them, the trainer's costs not rescaled by contention). A third, written before pass AU: the
-  servers' costs rescaled by the probe taken *during* the run over the one during its calibration
-  (`MachineProbe.during`: seconds on a CPU, so the core's sharing does not count). Keys
-  `predicted_pooled_probe`, `predicted_shared_core`, `shared_core_train_factor`,
-  `pooled_probe_speed`, `predicted_during_probe`, `during_probe_speed`, `predicted_trainer_floor`
-  (async: the rule with `trainer_floor`, since 2026-11-29) and `line` (what to print: (key, label)
-  pairs)."""
+  """Predictions beside the rule. Written before pass AT: the servers' costs rescaled by the
+  regime's pooled probes (every run's against every calibration's, per core median), so that one
+  probe catching the machine in a fast or slow minute does not move one run's prediction (pass
+  AS); in async, the train step beside rollout by `shared_core_train_factor` (the servers as the
+  rule has them, the trainer's costs not rescaled by contention). Before pass AU: the servers'
+  costs rescaled by the probe *during* the run over the one during its calibration
+  (`MachineProbe.during`: seconds on a CPU). In async, the rule before its trainer's factor was
+  floored (2026-11-29). Keys `predicted_pooled_probe`, `predicted_shared_core`,
+  `shared_core_train_factor`, `pooled_probe_speed`, `predicted_during_probe`,
+  `during_probe_speed`, `predicted_unfloored` and `line` (what to print: (key, label) pairs)."""
   out: dict = {"line": []}
 
   def probed(run_probe: dict, cal_probe: dict) -> tuple[float, float]:
@@ -464,10 +464,10 @@ def alternative_predictions(done: MeasuredRun, path: str, cal: dict, steps: int,
     out["line"].append(("pooled_probe", f"the regime's pooled probes "
                         f"(x{out['pooled_probe_speed']:.3f} on the servers)"))
   predict = predictor(done, path, cal, steps, warmup)
-  if done.layout != "sync":  # since 2026-11-29 (`trainer_floor` says why)
-    out["predicted_trainer_floor"] = mean_samples_per_s(predict(trainer_floor(rule["slowdown"])))
-    out["line"].append(("trainer_floor", f"the trainer's contention factor "
-                        f"x{rule['slowdown'].trainer:.2f} floored at 1"))
+  if rule["unfloored"] is not None:  # the rule until 2026-11-29 (`trainer_floor` says why)
+    out["predicted_unfloored"] = mean_samples_per_s(rule["unfloored"].results)
+    out["line"].append(("unfloored", f"the trainer's contention factor "
+                        f"x{rule['unfloored'].slowdown.trainer:.2f} not floored at 1"))
   if done.layout != "sync" and "beside_rollout" in cal["trainer"]:
     servers = Contention(rule["slowdown"].servers, 1.0)
     results, factor = shared_core_prediction(
