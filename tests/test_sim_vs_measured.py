@@ -393,6 +393,18 @@ def _async_calibration(servers_sharing: float, trainer_sharing: float) -> dict:
   return cal
 
 
+def _async_predictor(cal: dict):
+  """Two seeds of the real simulator on `cal`, async α = 2, its costs rescaled by a contention."""
+  knobs = ("async", 2, 4, 4, PauseMode.IN_PLACE, 12, 4)
+
+  def predict(slowdown):
+    config = sim_vs_measured.sim_config(cal, *knobs, rollout_slowdown=slowdown.servers,
+                                        train_slowdown=slowdown.trainer)
+    return [sim.simulate(config, seed=s) for s in range(2)]
+
+  return predict
+
+
 def test_async_reference_holds_the_sharing_for_the_time_it_is_shared():
   Contention, Overlap = sim_vs_measured.Contention, sim_vs_measured.Overlap
   cal = _async_calibration(servers_sharing=1.5, trainer_sharing=2.0)
@@ -497,13 +509,7 @@ def test_an_async_run_that_meets_only_the_calibrated_sharing_is_not_rescaled():
   # interference factors charge that sharing already, so the prediction must stay (close to) the
   # unscaled one, while the alone-only reference charges it a second time.
   cal = _async_calibration(servers_sharing=1.5, trainer_sharing=2.0)
-  knobs = ("async", 2, 4, 4, PauseMode.IN_PLACE, 12, 4)
-
-  def predict(slowdown):
-    config = sim_vs_measured.sim_config(cal, *knobs, rollout_slowdown=slowdown.servers,
-                                        train_slowdown=slowdown.trainer)
-    return [sim.simulate(config, seed=s) for s in range(2)]
-
+  predict = _async_predictor(cal)
   unscaled = predict(sim_vs_measured.Contention(1.0, 1.0))
   overlap = sim_vs_measured.Overlap.of(unscaled)
   assert 0.0 < overlap.rollout_beside_train < overlap.train_beside_rollout <= 1.0
@@ -529,12 +535,7 @@ def test_an_async_run_whose_trainer_waited_less_than_the_reference_trains_at_cal
   from experiments._contention_rescaling import floored_prediction
   cal = _async_calibration(servers_sharing=1.5, trainer_sharing=2.0)
   cal["trainer"]["alone"]["train_s"] = [0.2, 0.2]
-  knobs = ("async", 2, 4, 4, PauseMode.IN_PLACE, 12, 4)
-
-  def predict(slowdown):
-    config = sim_vs_measured.sim_config(cal, *knobs, rollout_slowdown=slowdown.servers,
-                                        train_slowdown=slowdown.trainer)
-    return [sim.simulate(config, seed=s) for s in range(2)]
+  predict = _async_predictor(cal)
 
   def rate(results):
     return np.mean([r.samples_per_s for r in results])
