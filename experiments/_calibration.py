@@ -62,6 +62,7 @@ from experiments._calibration_arrivals import Arrivals
 from experiments._calibration_fits import fit_train, median, nondecreasing, paired_factor
 from experiments._cpu_time import contention, cpu_times, probe, probe_pair, processes
 from experiments._server_profile import server_counters
+from experiments._sim_config import round_latency_s
 from flashrl_jax.controller import Learner, LearnerProcess, RunConfig, engine_server_args
 
 # Passes over the train batches, each batch's fastest time kept (`_Bench.train`).
@@ -427,6 +428,9 @@ async def _measure(config: RunConfig, place: Layout, urls: list[str],
     rollout = {"workers": bench.workers, "slots": bench.slots, "length_groups": groups,
                "prompt_tokens": prompt_tokens, **decode,
                "handoff": await bench.handoff(), "reward_s": await bench.reward()}
+    if not is_async:  # what a sync round waits beyond the simulated costs (`round_latency_s`)
+      rollout["rounds"]["latency_s"] = round_latency_s(rollout, config.batch_size,
+                                                       config.group_size)
     batches = 6 + 2 * reps
     await bench.compile_train(groups, prompt_tokens)
     before = cpu_times([learner_pid(learner)])
@@ -550,7 +554,9 @@ def describe(cal: dict[str, Any]) -> str:
               f"{a:.1f}:{s * 1e3:.2f}ms" for a, s in zip(ro["stream"]["active"],
                                                         ro["stream"]["step_s"]))
              if "step_s" in ro.get("stream", {}) else "")
-          + f" + latency {ro['latency_s'] * 1e3:.1f}ms; "
+          + f" + latency {ro['latency_s'] * 1e3:.1f}ms"
+          + (f" ({ro['rounds']['latency_s'] * 1e3:.1f}ms from the sync rounds' walls)"
+             if "latency_s" in ro.get("rounds", {}) else "") + "; "
           f"train {tr['train_s'][0]:.3f}-{tr['train_s'][1]:.3f}s for {tr['train_tokens'][0]}-"
           f"{tr['train_tokens'][1]} tokens, export {tr['export_s']:.3f}s; train "
           f"x{inter['train_beside_rollout']:.2f} beside rollout, rollout "

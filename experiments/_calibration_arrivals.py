@@ -139,11 +139,15 @@ class Arrivals:
     await self._rounds_for(0.5, groups, rng)  # warm
     cpu_before = cpu_times(servers)
     per_request = []
+    walls: list[tuple[float, float, int]] = []
     for _ in range(self.reps):
-      w = await _window(urls, servers, self._rounds_for(seconds, groups, rng))
+      w = await _window(urls, servers, self._rounds_for(seconds, groups, rng, walls))
       per_request.append(stream_request_s(w.server_s, w.before, w.after, *table, w.result))
     return {"request_s": median(per_request), "raw_request_s": per_request,
-            "contention": contention(cpu_before, cpu_times(servers))}
+            "contention": contention(cpu_before, cpu_times(servers)),
+            # Per round: the handoff's and the rollout's wall seconds and the round's longest
+            # response (a diagnostic beside a sync run's wait per step by its longest response).
+            "round_walls": walls}
 
   def stream_lanes(self) -> int:
     """Lanes (groups in flight) that fill every slot of the servers."""
@@ -172,7 +176,12 @@ class Arrivals:
     return requests
 
   async def _group(self, groups, rng) -> int:
-    """One group as a run's runner sends it (lengths from the initial policy's groups)."""
+    """One group as a run's runner sends it (lengths from the initial policy's groups); returns
+    the requests made."""
+    return len(await self._group_lengths(groups, rng))
+
+  async def _group_lengths(self, groups, rng) -> list[int]:
+    """`_group`, returning the group's response lengths."""
     from flashrl_jax.fleet import SamplingParams
     lengths = groups[int(rng.integers(len(groups)))][:self.config.group_size]
     sample = self.prompts[self._count % len(self.prompts)]
@@ -180,17 +189,24 @@ class Arrivals:
     await asyncio.gather(*(self.one(SamplingParams(
         max_new_tokens=max(int(length), 1), ignore_eos=True,
         temperature=self.config.rollout.temperature), sample) for length in lengths))
-    return len(lengths)
+    return [max(int(length), 1) for length in lengths]
 
-  async def _rounds_for(self, seconds: float, groups, rng) -> int:
+  async def _rounds_for(self, seconds: float, groups, rng,
+                        walls: list[tuple[float, float, int]] | None = None) -> int:
     """Sync rounds for `seconds` (the last one finished): a handoff to idle servers, then B
-    groups at once, all awaited; returns the requests made."""
+    groups at once, all awaited; returns the requests made (and appends each round's handoff and
+    rollout seconds and longest response to `walls`)."""
     end, requests = time.perf_counter() + seconds, 0
     while time.perf_counter() < end:
+      start = time.perf_counter()
       await self.fleet.publish(self.config.model_path, self.fleet.version + 1, idle=True)
-      made = await asyncio.gather(*(self._group(groups, rng)
+      published = time.perf_counter()
+      made = await asyncio.gather(*(self._group_lengths(groups, rng)
                                     for _ in range(self.config.batch_size)))
-      requests += sum(made)
+      if walls is not None:
+        walls.append((published - start, time.perf_counter() - published,
+                      max(n for lengths in made for n in lengths)))
+      requests += sum(len(lengths) for lengths in made)
     return requests
 
   async def _bursts_for(self, period: float, seconds: float, groups, rng, *,

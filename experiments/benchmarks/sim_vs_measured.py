@@ -29,27 +29,22 @@ client, `experiments/_calibration.py`); so that the ratio does not charge it aga
 contention is divided by the calibration's as a run would meet it: alone and beside the other side,
 weighted by the share of each side's time the simulation spends beside the other
 (`reference_contention`), the trainer's factor floored at 1 (`trainer_floor`, since 2026-11-29).
-Every row prints the prediction with that rescaling, with the alone-only rescaling used before
-(which counts the sharing twice), without rescaling, from the first calibration alone, without the
-machine probe, with the decode probe on the trainer's costs too and with the train probe on them
-(`--probe_sides=train`), with the regime's pooled probes, with the async trainer's factor from its
-core's sharing and with the probe taken during the run (seconds on a CPU of a small decode batch
-every 10 s per core; `alternative_predictions`), with the trainer's costs rescaled by a train step
-taken during the run (`--probe_sides=train_during`) and, in async, without the floor, the
-measurement (samples/s over the steps after `--warmup_steps`, as `async_vs_sync` measures it) and
-the error, and the run's
-mean response length beside the calibration's: the calibration samples the initial policy, and a
-run whose policy drifts to shorter answers is faster than that policy would be (docs/simulator.md).
+A sync round waits the latency the calibration's sync rounds showed beyond the simulated costs
+(`_sim_config.round_latency_s`, since 2026-11-29). Every row prints the prediction by these rules,
+the measurement (samples/s over the steps after `--warmup_steps`, as `async_vs_sync` measures it)
+and the error, beside predictions by other rules (`predict_row`, `alternative_predictions`: the
+alone-only rescaling, none, the first calibration alone, the probes' variants, in async without the
+floor, in sync with the decode batches' latency) and the run's mean response length beside the
+calibration's: the calibration samples the initial policy, and a run whose policy drifts to shorter
+answers is faster than that policy would be (docs/simulator.md).
 
-With `--repeats=N` every mode runs N times (interleaved, reversed on odd repeats) and, per mode, the
-median prediction is compared with the median measurement too: on this 2-core machine one run of a
-configuration varies by more than the target error (nine long-tail runs of one day per mode spread
-over 210-312 samples/s at α = 1, 287-425 at α = 4), so one run's error mixes the model's error
-with that run's luck. `--repredict=DIR` predicts a finished pass's runs again from the
-calibrations it saved (each run's `run.json` keeps what was read of it), so rules can be compared
-on the same runs without running anything. Last lines: `sim_error_max_of_medians: <largest error
-of a mode's median>` (with repeats) and `sim_error_max_unseen: <largest |predicted − measured| /
-measured over the runs>`.
+With `--repeats=N` every mode runs N times (interleaved, reversed on odd repeats) and each mode's
+median prediction is compared with its median measurement too: on this 2-core machine one run
+varies by more than the target error (nine long-tail runs of a day per mode: 210-312 samples/s at
+α = 1, 287-425 at α = 4). `--repredict=DIR` predicts a finished pass's runs again from the
+calibrations it saved (each run's `run.json` keeps what was read of it): rules compared on the
+same runs, nothing run. Last lines: `sim_error_max_of_medians: <largest error of a mode's median>`
+(with repeats) and `sim_error_max_unseen: <largest |predicted − measured| / measured over runs>`.
 """
 
 from __future__ import annotations
@@ -430,15 +425,13 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
 def alternative_predictions(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int,
                             rule: dict, pools: tuple[dict, dict] | None) -> dict:
   """Predictions beside the rule. Written before pass AT: the servers' costs rescaled by the
-  regime's pooled probes (every run's against every calibration's, per core median), so that one
-  probe catching the machine in a fast or slow minute does not move one run's prediction (pass
-  AS); in async, the train step beside rollout by `shared_core_train_factor` (the servers as the
-  rule has them, the trainer's costs not rescaled by contention). Before pass AU: the servers'
-  costs rescaled by the probe *during* the run over the one during its calibration
-  (`MachineProbe.during`: seconds on a CPU). In async, the rule before its trainer's factor was
-  floored (2026-11-29). Keys `predicted_pooled_probe`, `predicted_shared_core`,
-  `shared_core_train_factor`, `pooled_probe_speed`, `predicted_during_probe`,
-  `during_probe_speed`, `predicted_unfloored` and `line` (what to print: (key, label) pairs)."""
+  regime's pooled probes (every run's against every calibration's, per core median: pass AS); in
+  async, the train step beside rollout by `shared_core_train_factor` (the servers as the rule has
+  them, the trainer's costs not rescaled by contention). Before pass AU: the servers' costs
+  rescaled by the probe *during* the run over the one during its calibration. The rules before
+  2026-11-29: in async, the trainer's factor not floored; in sync, the decode batches' latency.
+  Keys `predicted_<name>` (pooled_probe, shared_core, during_probe, unfloored, batch_latency),
+  `shared_core_train_factor`, `pooled_probe_speed`, `during_probe_speed`, `line` ((key, label))."""
   out: dict = {"line": []}
 
   def probed(run_probe: dict, cal_probe: dict) -> tuple[float, float]:
@@ -468,6 +461,13 @@ def alternative_predictions(done: MeasuredRun, path: str, cal: dict, steps: int,
     out["predicted_unfloored"] = mean_samples_per_s(rule["unfloored"].results)
     out["line"].append(("unfloored", f"the trainer's contention factor "
                         f"x{rule['unfloored'].slowdown.trainer:.2f} not floored at 1"))
+  rounds = cal["rollout"].get("rounds", {})
+  if done.layout == "sync" and "latency_s" in rounds:  # the rule before 2026-11-29
+    ro = {**cal["rollout"], "rounds": {k: v for k, v in rounds.items() if k != "latency_s"}}
+    out["predicted_batch_latency"] = predicted_samples_per_s(
+        done, path, {**cal, "rollout": ro}, steps, warmup)["predicted"]
+    out["line"].append(("batch_latency", f"the decode batches' latency {ro['latency_s'] * 1e3:.1f}"
+                        f" ms, not the sync rounds' {rounds['latency_s'] * 1e3:.1f} ms"))
   if done.layout != "sync" and "beside_rollout" in cal["trainer"]:
     servers = Contention(rule["slowdown"].servers, 1.0)
     results, factor = shared_core_prediction(
