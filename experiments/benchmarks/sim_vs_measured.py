@@ -29,12 +29,11 @@ client, `experiments/_calibration.py`); so that the ratio does not charge it aga
 contention is divided by the calibration's as a run would meet it: alone and beside the other side,
 weighted by the share of each side's time the simulation spends beside the other
 (`reference_contention`), the trainer's factor floored at 1 (`trainer_floor`, since 2026-11-29).
-A sync round waits the latency the calibration's sync rounds showed beyond the simulated costs
-(`_sim_config.round_latency_s`, since 2026-11-29). Every row prints the prediction by these rules,
-the measurement (samples/s over the steps after `--warmup_steps`, as `async_vs_sync` measures it)
-and the error, beside predictions by other rules (`predict_row`, `alternative_predictions`: the
-alone-only rescaling, none, the first calibration alone, the probes' variants, in async without the
-floor, in sync with the decode batches' latency) and the run's mean response length beside the
+Every row prints the prediction by these rules, the measurement (samples/s over the steps after
+`--warmup_steps`, as `async_vs_sync` measures it) and the error, beside predictions by other rules
+(`predict_row`, `alternative_predictions`: the alone-only rescaling, none, the first calibration
+alone, the probes' variants, in async without the floor, in sync with the latency the calibration's
+sync rounds showed, `_sim_config.round_latency_s`) and the run's mean response length beside the
 calibration's: the calibration samples the initial policy, and a run whose policy drifts to shorter
 answers is faster than that policy would be (docs/simulator.md).
 
@@ -428,9 +427,9 @@ def alternative_predictions(done: MeasuredRun, path: str, cal: dict, steps: int,
   regime's pooled probes (every run's against every calibration's, per core median: pass AS); in
   async, the train step beside rollout by `shared_core_train_factor` (the servers as the rule has
   them, the trainer's costs not rescaled by contention). Before pass AU: the servers' costs
-  rescaled by the probe *during* the run over the one during its calibration. The rules before
-  2026-11-29: in async, the trainer's factor not floored; in sync, the decode batches' latency.
-  Keys `predicted_<name>` (pooled_probe, shared_core, during_probe, unfloored, batch_latency),
+  rescaled by the probe *during* the run over the one during its calibration. In async, the rule
+  before 2026-11-29 (the trainer's factor not floored); in sync, the sync rounds' latency.
+  Keys `predicted_<name>` (pooled_probe, shared_core, during_probe, unfloored, rounds_latency),
   `shared_core_train_factor`, `pooled_probe_speed`, `during_probe_speed`, `line` ((key, label))."""
   out: dict = {"line": []}
 
@@ -462,12 +461,12 @@ def alternative_predictions(done: MeasuredRun, path: str, cal: dict, steps: int,
     out["line"].append(("unfloored", f"the trainer's contention factor "
                         f"x{rule['unfloored'].slowdown.trainer:.2f} not floored at 1"))
   rounds = cal["rollout"].get("rounds", {})
-  if done.layout == "sync" and "latency_s" in rounds:  # the rule before 2026-11-29
-    ro = {**cal["rollout"], "rounds": {k: v for k, v in rounds.items() if k != "latency_s"}}
-    out["predicted_batch_latency"] = predicted_samples_per_s(
+  if done.layout == "sync" and "latency_s" in rounds:  # since 2026-11-29 (`round_latency_s`)
+    ro = {**cal["rollout"], "latency_s": rounds["latency_s"]}
+    out["predicted_rounds_latency"] = predicted_samples_per_s(
         done, path, {**cal, "rollout": ro}, steps, warmup)["predicted"]
-    out["line"].append(("batch_latency", f"the decode batches' latency {ro['latency_s'] * 1e3:.1f}"
-                        f" ms, not the sync rounds' {rounds['latency_s'] * 1e3:.1f} ms"))
+    out["line"].append(("rounds_latency", f"the sync rounds' latency {ro['latency_s'] * 1e3:.1f}"
+                        f" ms, not the decode batches' {cal['rollout']['latency_s'] * 1e3:.1f} ms"))
   if done.layout != "sync" and "beside_rollout" in cal["trainer"]:
     servers = Contention(rule["slowdown"].servers, 1.0)
     results, factor = shared_core_prediction(
