@@ -183,13 +183,14 @@ class Arrivals:
   async def _group_lengths(self, groups, rng) -> list[int]:
     """`_group`, returning the group's response lengths."""
     from flashrl_jax.fleet import SamplingParams
-    lengths = groups[int(rng.integers(len(groups)))][:self.config.group_size]
+    group = groups[int(rng.integers(len(groups)))][:self.config.group_size]
+    lengths = [max(int(n), 1) for n in group]
     sample = self.prompts[self._count % len(self.prompts)]
     self._count += 1
     await asyncio.gather(*(self.one(SamplingParams(
-        max_new_tokens=max(int(length), 1), ignore_eos=True,
+        max_new_tokens=length, ignore_eos=True,
         temperature=self.config.rollout.temperature), sample) for length in lengths))
-    return [max(int(length), 1) for length in lengths]
+    return lengths
 
   async def _rounds_for(self, seconds: float, groups, rng,
                         walls: list[tuple[float, float, int]] | None = None) -> int:

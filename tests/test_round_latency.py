@@ -11,24 +11,19 @@ from experiments import _calibration
 from experiments._sim_config import round_latency_s, sim_config
 from flashrl_jax import sim
 from flashrl_jax.scheduling import PauseMode
+from tests.test_sim_vs_measured import _calibration_of
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _sync_calibration(lengths: tuple[int, ...] = (10, 50, 90)) -> dict:
-  """A sync calibration with round numbers: 4 ms a decode step at any live count, no per-request
-  cost, a 10 ms reward and a 20 ms decode-batch intercept (`latency_s`)."""
-  return {
-      "rollout": {"workers": 2, "slots": 8, "decode_active": [1, 8],
-                  "decode_step_s": [0.004, 0.004], "request_s": 0.0, "latency_s": 0.02,
-                  "reward_s": 0.01, "prompt_tokens": 12.0,
-                  "length_groups": [[n] * 4 for n in lengths],
-                  "rounds": {"request_s": 0.0, "contention": 1.4},
-                  "handoff": {"idle": {"pause_s": 0.01, "load_s": 0.05, "resume_s": 0.01},
-                              "busy": {"pause_s": 0.02, "load_s": 0.05, "resume_s": 0.01}}},
-      "trainer": {"alone": {"train_tokens": [100, 200], "train_s": [0.5, 0.5], "export_s": 0.1}},
-      "interference": {"train_beside_rollout": 1.0, "rollout_beside_train": 1.0},
-  }
+  """`_calibration_of`'s calibration (4 ms a decode step at any live count, no per-request cost, a
+  10 ms reward, a 20 ms decode-batch intercept `latency_s`, a 0.5 s train step) with groups of each
+  of `lengths` and the sync rounds' numbers."""
+  cal = _calibration_of(length=lengths[0], step_s=0.004, train_s=0.5)
+  cal["rollout"]["length_groups"] = [[n] * 4 for n in lengths]
+  cal["rollout"]["rounds"] = {"request_s": 0.0, "contention": 1.4}
+  return cal
 
 
 def test_the_rounds_record_each_rounds_handoff_rollout_and_longest_response():
