@@ -50,7 +50,6 @@ import concurrent.futures
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments import _children
 from experiments._calibration_arrivals import Arrivals
 from experiments._calibration_fits import fit_train, median, nondecreasing, paired_factor
 from experiments._cpu_time import contention, cpu_times, probe, probe_pair, processes
@@ -516,8 +516,7 @@ def calibrate(config_path: str, layout_name: str, *, reps: int = 3,
     cmd.append(f"--split={split[0]}+{split[1]}")
   before = probe()
   start = time.perf_counter()
-  proc = subprocess.run(cmd, capture_output=True, text=True,
-                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  proc = _children.run(cmd, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   wall = time.perf_counter() - start
   after = probe()
   if proc.returncode:
@@ -577,6 +576,7 @@ def main() -> None:
 
   def run(argv):
     del argv
+    _children.unwind_on_sigterm()  # stops its servers when the pass measuring it is stopped
     f = flags.FLAGS
     split = tuple(int(x) for x in f.split.split("+")) if f.split else None
     result = measure(f.config, f.layout, f.reps, f.server_logs or tempfile.mkdtemp(prefix="calib_"),

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments import _children
 from experiments._cli import flag_of, load_config_file
 
 COMPILATION_CACHE = ".cache/jax_compilation"
@@ -73,6 +74,7 @@ def build_config(spec: RunSpec, workdir: str):
 
 
 def _child(spec_path: str) -> None:
+  _children.unwind_on_sigterm()  # stopped by `_watch`, the run stops its servers
   from experiments.train import ensure_model
   from flashrl_jax.controller import run
   from flashrl_jax.controller import plot_run
@@ -141,30 +143,34 @@ def load_records(workdir: str) -> list[dict]:
 def _watch(child: subprocess.Popen, workdir: str, *, timeout_s: float, stall_s: float,
            log) -> int | str:
   """Waits for the child; stops it (and its rollout servers) past `timeout_s`, or when no step
-  has been logged for `stall_s` (a hung run must not block the rest of a sweep)."""
+  has been logged for `stall_s` (a hung run must not block the rest of a sweep), or when this
+  process is interrupted (Ctrl-C, SIGTERM under `_children.unwind_on_sigterm`)."""
   metrics = os.path.join(workdir, "metrics.jsonl")
   start = last_change = time.monotonic()
   last_size = -1
-  while child.poll() is None:
-    time.sleep(2.0)
-    size = os.path.getsize(metrics) if os.path.exists(metrics) else 0
-    now = time.monotonic()
-    if size != last_size:
-      last_size, last_change = size, now
-    reason = ("timeout" if now - start > timeout_s else
-              "stalled" if now - last_change > stall_s else None)
-    if reason:
-      log(f"[{os.path.basename(workdir)}] {reason}: no step logged for {now - last_change:.0f}s; "
-          "stopping it")
-      child.terminate()
-      try:
-        child.wait(15)
-      except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait()
-      _stop_servers(workdir)
-      return reason
+  try:
+    while child.poll() is None:
+      time.sleep(2.0)
+      size = os.path.getsize(metrics) if os.path.exists(metrics) else 0
+      now = time.monotonic()
+      if size != last_size:
+        last_size, last_change = size, now
+      reason = ("timeout" if now - start > timeout_s else
+                "stalled" if now - last_change > stall_s else None)
+      if reason:
+        log(f"[{os.path.basename(workdir)}] {reason}: no step logged for "
+            f"{now - last_change:.0f}s; stopping it")
+        _stop_run(child, workdir)
+        return reason
+  except BaseException:
+    _stop_run(child, workdir)
+    raise
   return child.returncode
+
+
+def _stop_run(child: subprocess.Popen, workdir: str) -> None:
+  _children.stop(child)
+  _stop_servers(workdir)  # those of a child that had to be SIGKILLed
 
 
 def _stop_servers(workdir: str) -> None:

@@ -24,7 +24,7 @@ import shutil
 
 from absl import app, flags
 
-from experiments import _runs, _summary, plots
+from experiments import _children, _runs, _summary, plots
 
 LOSS_PRESETS = {
     "ppo": {"name": "ppo", "clip_low": 0.2, "clip_high": 0.2},
@@ -87,6 +87,7 @@ COLUMNS = [("loss", "loss"), ("label", "mode"), ("seeds", "seeds"),
 
 def main(argv):
   del argv
+  _children.unwind_on_sigterm()
   specs = make_specs(_LOSSES.value, _MODES.value, _SEEDS.value, _STEPS.value, _CONFIG.value,
                      _LR.value)
   results = _runs.run_or_print(specs, _OUT.value, dry_run=_DRY_RUN.value, timeout_s=_TIMEOUT.value,

@@ -21,7 +21,7 @@ import shutil
 
 from absl import app, flags
 
-from experiments import _runs, _summary, plots
+from experiments import _children, _runs, _summary, plots
 
 _OUT = flags.DEFINE_string("out", "runs/agentic", "Directory of the experiment.")
 _CONFIG = flags.DEFINE_string("config", "experiments/configs/agentic.py", "Agentic RunConfig.")
@@ -71,6 +71,7 @@ def dropped(records: list[dict]) -> dict[str, int]:
 
 def main(argv):
   del argv
+  _children.unwind_on_sigterm()
   specs = make_specs(_STEPS.value, _SEEDS.value, _REDUNDANT.value, _SLOW.value, _STOP.value,
                      _CONFIG.value)
   results = _runs.run_or_print(specs, _OUT.value, dry_run=_DRY_RUN.value, timeout_s=_TIMEOUT.value,

@@ -24,7 +24,7 @@ import shutil
 
 from absl import app, flags
 
-from experiments import _runs, _summary, plots
+from experiments import _children, _runs, _summary, plots
 
 _OUT = flags.DEFINE_string("out", "runs/resource_split", "Directory of the sweep.")
 _CONFIG = flags.DEFINE_string("config", "experiments/configs/repeat.py", "Base RunConfig file.")
@@ -94,6 +94,7 @@ def row_for(results, name: str, threshold: float = 0.6) -> dict:
 
 def main(argv):
   del argv
+  _children.unwind_on_sigterm()
   total = _TOTAL.value or len(os.sched_getaffinity(0))
   specs = make_specs(total, _PER_DEVICE.value, _ALPHA.value, _PROXY.value, _SERVERS.value,
                      _SLOTS.value, _SEEDS.value, _STEPS.value, _CONFIG.value)

@@ -24,7 +24,7 @@ import numpy as np
 from absl import app, flags
 
 from experiments import _mechanisms as mech
-from experiments import _runs, _summary, plots
+from experiments import _children, _runs, _summary, plots
 
 _OUT = flags.DEFINE_string("out", "runs/rollout_mechanisms", "Output directory.")
 _MODEL = flags.DEFINE_string("model_path", ".cache/repeat_model", "HF directory of the policy.")
@@ -118,6 +118,7 @@ def figure(table: list[dict], path: str) -> str:
 
 def main(argv):
   del argv
+  _children.unwind_on_sigterm()
   cases = [mech.Case(int(b), law, sched, place) for law in _DISTS.value
            for b in _BATCHES.value for sched, place in mech.POLICIES]
   if _DRY_RUN.value:

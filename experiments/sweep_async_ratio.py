@@ -19,7 +19,7 @@ import shutil
 
 from absl import app, flags
 
-from experiments import _runs, _summary, plots
+from experiments import _children, _runs, _summary, plots
 
 _OUT = flags.DEFINE_string("out", "runs/sweep_async_ratio", "Directory of the sweep.")
 _CONFIG = flags.DEFINE_string("config", "experiments/configs/repeat.py", "Base RunConfig file.")
@@ -60,6 +60,7 @@ COLUMNS = [("mode", "mode"), ("alpha", "α"), ("seeds", "seeds"),
 
 def main(argv):
   del argv
+  _children.unwind_on_sigterm()
   specs = make_specs(_RATIOS.value, _SYNC.value, _SEEDS.value, _STEPS.value, _CONFIG.value)
   results = _runs.run_or_print(specs, _OUT.value, dry_run=_DRY_RUN.value, timeout_s=_TIMEOUT.value,
                                rerun=_RERUN.value)

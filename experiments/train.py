@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-import signal
 import subprocess
 import sys
 import typing
@@ -22,6 +21,7 @@ import typing
 from absl import app, flags
 from absl import logging as absl_logging
 
+from experiments import _children
 from experiments._cli import FLAGS as RUN_FLAGS
 from experiments._cli import load_config_file
 from flashrl_jax.controller import (Mode, OverrideError, ProgressReporter, RunConfig, field_type,
@@ -190,7 +190,7 @@ def main(argv):
   enable_compilation_cache(os.environ.get("JAX_COMPILATION_CACHE_DIR") or DEFAULT_CACHE_DIR)
   # SIGTERM unwinds like Ctrl-C, so `run` stops its server processes instead of orphaning them
   # (set after jax.distributed, whose preemption notifier would otherwise swallow it).
-  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+  _children.unwind_on_sigterm()
   if leader:
     print(f"starting {_servers(config)} rollout servers and the trainer (the first step "
           "includes JAX compilation)", flush=True)

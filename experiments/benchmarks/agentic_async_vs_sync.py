@@ -24,13 +24,13 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 from absl import app, flags
 
+from experiments import _children
 from experiments._summary import timed_seconds
 from flashrl_jax import envs
 from flashrl_jax.controller import (AgenticStats, Counters, EnvGroupRunner, EpisodeDeps,
@@ -59,7 +59,7 @@ def real_run(workdir: str, mode: str) -> dict:
          f"--steps={_STEPS.value}", "--progress=false", "--plot=false", *flags_]
   load = os.getloadavg()[0]
   start = time.perf_counter()
-  proc = subprocess.run(cmd, capture_output=True, text=True)
+  proc = _children.run(cmd)
   if proc.returncode:
     raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
@@ -160,6 +160,7 @@ def stub_row(out: str) -> dict[str, dict]:
 
 def main(argv):
   del argv
+  _children.unwind_on_sigterm()
   out = _OUT.value or tempfile.mkdtemp(prefix="agentic_bench_")
   os.makedirs(out, exist_ok=True)
   from experiments._cli import load_config_file

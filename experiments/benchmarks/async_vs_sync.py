@@ -43,7 +43,6 @@ import importlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -51,6 +50,7 @@ import time
 
 from absl import app, flags
 
+from experiments import _children
 from experiments._server_profile import ServerSampler, server_profile
 from experiments._summary import timed_seconds
 
@@ -168,7 +168,7 @@ def run_one(out: str, regime: str, mode: str, repeat: int, flags_: list[str]) ->
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
   start = time.time()
   with _LoadSampler() as load, ServerSampler(workdir) as servers:
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = _children.run(cmd, env=env)
   if proc.returncode != 0:
     raise RuntimeError(f"{name} failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
@@ -250,6 +250,7 @@ def print_tables(results: list[RunResult]) -> None:
 
 def main(argv):
   del argv
+  _children.unwind_on_sigterm()
   from experiments.warmstart import ensure_project_model
   regimes = _REGIME_FLAG.value
   for regime in regimes:

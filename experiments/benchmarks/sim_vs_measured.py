@@ -40,10 +40,9 @@ answers is faster than that policy would be (docs/simulator.md).
 With `--repeats=N` every mode runs N times (interleaved, reversed on odd repeats) and each mode's
 median prediction is compared with its median measurement too: on this 2-core machine one run
 varies by more than the target error (nine long-tail runs of a day per mode: 210-312 samples/s at
-α = 1, 287-425 at α = 4). `--repredict=DIR` predicts a finished pass's runs again from the
-calibrations it saved (each run's `run.json` keeps what was read of it): rules compared on the
-same runs, nothing run. Last lines: `sim_error_max_of_medians: <largest error of a mode's median>`
-(with repeats) and `sim_error_max_unseen: <largest |predicted − measured| / measured over runs>`.
+α = 1, 287-425 at α = 4). `--repredict=DIR` predicts a finished pass's runs again from its saved
+calibrations and run records, running nothing. Last lines: `sim_error_max_of_medians: <largest
+error of a mode's median>` (repeats), `sim_error_max_unseen: <max |predicted−measured|/measured>`.
 """
 
 from __future__ import annotations
@@ -62,7 +61,7 @@ from typing import Callable
 import numpy as np
 from absl import app, flags
 
-from experiments import _calibration, _calibration_fits, _cpu_time, _machine_probe
+from experiments import _calibration, _calibration_fits, _children, _cpu_time, _machine_probe
 from experiments._contention_rescaling import (  # noqa: F401 (mixed_contention: re-exported)
     Contention, Overlap, floored_prediction, mixed_contention, reference_contention,
     rescaled_prediction, shared_core_prediction)
@@ -163,8 +162,9 @@ def run(config_path: str, workdir: str, mode: str, alpha: int, steps: int, warmu
   before = _cpu_time.probe()
   start = time.perf_counter()
   with (open(os.path.join(workdir, "train.log"), "w") as log,
-        ServerSampler(workdir) as sampler):  # what the servers did: where an error is
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        ServerSampler(workdir) as sampler,  # what the servers did: where an error is
+        _children.stopped_on_exit(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+        as proc):
     snapshots: dict[int, tuple] = {}  # step records written -> (trainer, servers) CPU times
     # Every 5th record also the servers' counters, read at the same moment as their CPU time (the
     # run's cost per request beyond the static table, printed beside the calibration's).
@@ -535,6 +535,7 @@ def measure_regime(path: str, regime: str, out: str, steps: int, warmup: int
 
 def main(argv):
   del argv
+  _children.unwind_on_sigterm()
   source = _REPREDICT.value
   out = source or _OUT.value or tempfile.mkdtemp(prefix="sim_vs_measured_")
   os.makedirs(out, exist_ok=True)

@@ -1,0 +1,107 @@
+"""An experiment stopped with `kill` (SIGTERM) leaves nothing of its own running.
+
+Tried, each in an experiment process of its own, SIGTERMed while it waits:
+- servers it started with `LocalServers` (as the machine probe of `sim_vs_measured` does): stopped;
+- a child it waits on the three ways the launchers wait (`_children.run` as the benchmarks run
+  `experiments.train` and the calibrations, `_children.stopped_on_exit` as `sim_vs_measured` runs
+  one, `_runs._watch` as the sweeps do): the child is sent SIGTERM, not SIGKILL (so a run can stop
+  its own servers), even when its pipe is full of the log lines it writes on its way out.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A child that, on SIGTERM, writes 1 MB to stderr (more than a pipe holds: a parent that does not
+# drain it would wait on it forever), then records that it was stopped by SIGTERM, and exits.
+CHILD = textwrap.dedent("""
+    import os, signal, sys, time
+    marker = sys.argv[1]
+    def on_term(signum, frame):
+      sys.stderr.write("x" * 1_000_000)
+      sys.stderr.flush()
+      with open(marker, "w") as f:
+        f.write("stopped by SIGTERM")
+      sys.exit(0)
+    signal.signal(signal.SIGTERM, on_term)
+    with open(marker + ".pid", "w") as f:
+      f.write(str(os.getpid()))
+    time.sleep(600)
+""")
+
+WAYS_TO_WAIT = {
+    "children_run": "_children.run([sys.executable, '-c', CHILD, marker])",
+    "stopped_on_exit": textwrap.dedent("""
+        with _children.stopped_on_exit(subprocess.Popen(
+            [sys.executable, '-c', CHILD, marker], stderr=subprocess.PIPE)) as child:
+          child.wait()"""),
+    "runs_watch": textwrap.dedent("""
+        child = subprocess.Popen([sys.executable, '-c', CHILD, marker], stderr=subprocess.PIPE)
+        _runs._watch(child, workdir, timeout_s=600, stall_s=600, log=print)"""),
+}
+
+
+def _experiment(body: str, *args: str) -> subprocess.Popen:
+  """An experiment process: SIGTERM unwinds it (`unwind_on_sigterm`, as every launcher's `main`
+  sets), then it runs `body`."""
+  code = "\n".join([
+      "import subprocess, sys, time",
+      "from experiments import _children, _runs",
+      "_children.unwind_on_sigterm()",
+      f"CHILD = {CHILD!r}",
+      "marker, workdir = sys.argv[1], sys.argv[2]",
+      body])
+  return subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE,
+                          text=True)
+
+
+def _wait_for(path: str, timeout_s: float = 60.0) -> str:
+  deadline = time.monotonic() + timeout_s
+  while not os.path.exists(path) or not open(path).read():
+    assert time.monotonic() < deadline, f"{path} never written"
+    time.sleep(0.05)
+  return open(path).read()
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  with open(f"/proc/{pid}/stat") as f:  # a zombie has ended, its parent just has not reaped it
+    return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("way", WAYS_TO_WAIT)
+def test_a_stopped_experiment_stops_its_child_with_sigterm(tmp_path, way):
+  marker = str(tmp_path / "marker")
+  experiment = _experiment(WAYS_TO_WAIT[way], marker, str(tmp_path))
+  child_pid = int(_wait_for(marker + ".pid"))
+  experiment.send_signal(signal.SIGTERM)
+  assert experiment.wait(60) == 128 + signal.SIGTERM
+  assert _wait_for(marker, 5.0) == "stopped by SIGTERM"
+  assert not _alive(child_pid)
+
+
+def test_a_stopped_experiment_stops_the_servers_it_started(tmp_path):
+  body = textwrap.dedent("""
+      from tests.rollout_stubs import start_stubs
+      with start_stubs(2, "stub", log_dir=workdir) as servers:
+        print(servers.pid(0), servers.pid(1), flush=True)
+        time.sleep(600)""")
+  experiment = _experiment(body, str(tmp_path / "unused"), str(tmp_path))
+  pids = [int(p) for p in experiment.stdout.readline().split()]
+  assert len(pids) == 2 and all(_alive(p) for p in pids)
+  experiment.send_signal(signal.SIGTERM)
+  assert experiment.wait(60) == 128 + signal.SIGTERM
+  assert not any(_alive(p) for p in pids)
