@@ -53,11 +53,7 @@ def run(cmd: Sequence[str], **popen_kwargs) -> subprocess.CompletedProcess:
   """`subprocess.run(cmd, capture_output=True, text=True, **popen_kwargs)`, except that when this
   process is interrupted (Ctrl-C, SIGTERM under `unwind_on_sigterm`) the child is stopped with
   `stop`, not SIGKILLed, before the interruption goes on."""
-  with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                        **popen_kwargs) as proc:
-    try:
-      stdout, stderr = proc.communicate()
-    except BaseException:
-      stop(proc)
-      raise
+  with (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         **popen_kwargs) as popen, stopped_on_exit(popen) as proc):
+    stdout, stderr = proc.communicate()
   return subprocess.CompletedProcess(list(cmd), proc.returncode, stdout, stderr)
