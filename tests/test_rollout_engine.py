@@ -396,3 +396,25 @@ def test_tensor_parallel_engine_matches_single_device(ckpts):
   proc = subprocess.run([sys.executable, "-c", _TP_SCRIPT, ckpts[0]["a"]], env=env, cwd=root,
                         capture_output=True, text=True, timeout=300)
   assert "TP_OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_decode_delay_sleeps_after_each_decode_call_outside_decode_time(ckpts):
+  """`decode_delay_s` (a server slow on purpose: the router test's handoff needs samples still
+  running when its pause lands) sleeps after every decode call and is not counted as decode time;
+  a negative or NaN delay is refused."""
+  for bad in (-0.1, float("nan")):
+    with pytest.raises(ValueError, match="decode_delay_s"):
+      EngineConfig(ckpts[0]["a"], decode_delay_s=bad)
+  delay = 0.1
+  with Engine(EngineConfig(ckpts[0]["a"], max_running_requests=1, context_length=PAD,
+                           num_continuous_decode_steps=4, decode_delay_s=delay)) as eng:
+    eng.generate([[1, 2, 3]], GREEDY)  # compiles
+    calls, decode_s = eng.stats.decode_calls, eng.stats.decode_s
+    start = time.perf_counter()
+    [out] = eng.generate([[4, 5, 6]], GREEDY)
+    elapsed = time.perf_counter() - start
+    calls, decode_s = eng.stats.decode_calls - calls, eng.stats.decode_s - decode_s
+  assert len(out.output_ids) == 12 and calls == 3  # 12 tokens, 4 a call
+  # Decode calls and the sleeps between them are disjoint spans of the request's wall time (the
+  # last sleep follows its finishing token).
+  assert decode_s + (calls - 1) * delay <= elapsed, (decode_s, calls, elapsed)

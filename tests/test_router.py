@@ -25,6 +25,10 @@ from tests.api_servers import start_servers, write_hf_checkpoint
 
 
 LONG = 800  # tokens per sample in the handoff test: still running when the pause lands
+# The servers sleep this long after each decode call (4 tokens): a sample lasts >= 4 s whatever the
+# machine's speed, so the handoff's pause lands mid-generation even on a loaded machine (without
+# it a tiny model's 800 tokens took < 1 s, and a busy CI machine let samples finish first).
+DECODE_DELAY_S = 0.02
 
 
 def get(url, path):
@@ -38,7 +42,8 @@ def fleet(tmp_path_factory):
   old, new = str(root / "v0"), str(root / "v1")
   write_hf_checkpoint(old, seed=0)
   write_hf_checkpoint(new, seed=1)
-  with start_servers(old, 2, log_dir=str(root / "logs")) as servers:
+  with start_servers(old, 2, f"--decode_delay_s={DECODE_DELAY_S}",
+                     log_dir=str(root / "logs")) as servers:
     port = free_port()
     log = open(root / "router.log", "w")
     router = subprocess.Popen(
@@ -111,7 +116,7 @@ def test_weight_handoff_to_workers_while_generating_through_the_router(fleet):
     async with Fleet(client, pause_mode=PauseMode.ABORT) as fleet:
       sampling = SamplingParams(max_new_tokens=LONG, ignore_eos=True)
       tasks = [asyncio.create_task(fleet.generate([9, i], sampling)) for i in range(4)]
-      # Hand off once both workers are generating (a tiny model is fast: don't wait for more).
+      # Hand off once both workers are generating.
       while not all(load[0].num_used_tokens > 8 for load in (await client.loads()).values()):
         assert not any(t.done() for t in tasks), "a sample finished before the handoff"
         await asyncio.sleep(0.005)

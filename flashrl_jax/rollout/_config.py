@@ -42,6 +42,10 @@ class EngineConfig:
   num_continuous_decode_steps: int = 4
   weight_version: str = "default"
   seed: int = 0
+  # Seconds the engine sleeps after each decode call, its tokens delivered: a server made slow on
+  # purpose (a straggler in a fleet experiment; a test that must pause requests mid-generation
+  # whatever the machine's speed). Not counted in `EngineStats.decode_s`.
+  decode_delay_s: float = 0.0
   tokenizer_path: str | None = None  # default: model_path when it holds a tokenizer.json
 
   def __post_init__(self):
@@ -50,6 +54,8 @@ class EngineConfig:
       raise ValueError("max_running_requests, max_prefill_batch, tp, min_decode_batch, "
                        "min_decode_span, min_prefill_len and num_continuous_decode_steps must be "
                        f">= 1: {self}")
+    if not self.decode_delay_s >= 0:
+      raise ValueError(f"decode_delay_s must be >= 0, got {self.decode_delay_s}.")
     if self.context_length is not None and self.context_length < 2:
       raise ValueError(f"context_length must be >= 2, got {self.context_length}.")
 

@@ -449,6 +449,8 @@ class Engine:
         self.stats.busy_slot_steps += 1
         self._on_token(request, int(tokens[j, i]), float(logprobs[j, i]), slot=slot,
                        top=(top_ids[j, i], top_lps[j, i]))
+    if self.config.decode_delay_s:
+      time.sleep(self.config.decode_delay_s)
 
   @staticmethod
   def _top_n(requests: Sequence[Request]) -> int:

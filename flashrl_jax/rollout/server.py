@@ -53,6 +53,9 @@ _DECODE_STEPS = flags.DEFINE_integer(
     "num_continuous_decode_steps", EngineConfig.num_continuous_decode_steps,
     "Decode steps per device call (SGLang's flag of the same name): the fixed cost of a call is "
     "paid once per block; admissions, aborts and pauses wait for the block to end.")
+_DECODE_DELAY = flags.DEFINE_float(
+    "decode_delay_s", 0.0, "Seconds to sleep after each decode call: a server slow on purpose (a "
+    "straggler in a fleet experiment, or a test that pauses requests mid-generation).")
 _PREFILL_BUDGET = flags.DEFINE_integer("prefill_token_budget", 4096,
                                        "Max padded tokens per grouped prefill call.")
 _WEIGHT_VERSION = flags.DEFINE_string("weight_version", "default", "Initial weight version.")
@@ -86,7 +89,7 @@ def _config() -> EngineConfig:
       dtype=jnp.dtype(_DTYPE.value), tp=_TP.value, max_prefill_batch=_MAX_PREFILL_BATCH.value,
       min_prefill_len=_MIN_PREFILL_LEN.value, prefill_token_budget=_PREFILL_BUDGET.value,
       min_decode_batch=_MIN_DECODE_BATCH.value, min_decode_span=_MIN_DECODE_SPAN.value,
-      num_continuous_decode_steps=_DECODE_STEPS.value,
+      num_continuous_decode_steps=_DECODE_STEPS.value, decode_delay_s=_DECODE_DELAY.value,
       weight_version=_WEIGHT_VERSION.value, seed=_SEED.value)
 
 
