@@ -6,6 +6,9 @@ Tried, each in an experiment process of its own, SIGTERMed while it waits:
   `experiments.train` and the calibrations, `_children.stopped_on_exit` as `sim_vs_measured` runs
   one, `_runs._watch` as the sweeps do): the child is sent SIGTERM, not SIGKILL (so a run can stop
   its own servers), even when its pipe is full of the log lines it writes on its way out.
+
+And one SIGKILLed (nothing of its own can run then): the real JAX servers it started with
+`LocalServers` stop themselves, and say why in their logs; until then they had served.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 
 import pytest
 
@@ -105,3 +109,52 @@ def test_a_stopped_experiment_stops_the_servers_it_started(tmp_path):
   experiment.send_signal(signal.SIGTERM)
   assert experiment.wait(60) == 128 + signal.SIGTERM
   assert not any(_alive(p) for p in pids)
+
+
+# The experiment prints its servers' pids (and URLs) once they serve, or as each is spawned (they
+# are still importing JAX when it is killed: they find their launcher gone when they start).
+SERVERS_OF = {
+    "serving": textwrap.dedent("""
+        servers = start_servers(workdir + "/model", 2, log_dir=workdir)
+        print(*(servers.pid(i) for i in range(2)), *servers.urls, flush=True)"""),
+    "starting": textwrap.dedent("""
+        def spawned(servers):
+          if all(servers.pid(i) for i in range(2)):
+            print(*(servers.pid(i) for i in range(2)), flush=True)
+        LocalServers.start(workdir + "/model", 2, extra_args=["--nowarmup"], log_dir=workdir,
+                           env=dict(os.environ, JAX_PLATFORMS="cpu"), on_spawn=spawned)"""),
+}
+
+
+@pytest.mark.parametrize("when", SERVERS_OF)
+def test_servers_of_a_sigkilled_experiment_stop_themselves(tmp_path, when):
+  body = "\n".join([
+      "import os",
+      "from flashrl_jax.fleet import LocalServers",
+      "from tests.api_servers import start_servers, write_hf_checkpoint",
+      "write_hf_checkpoint(workdir + '/model', seed=0)",
+      SERVERS_OF[when],
+      "time.sleep(600)"])
+  experiment = _experiment(body, str(tmp_path / "unused"), str(tmp_path))
+  pids = []
+  try:
+    line = experiment.stdout.readline().split()
+    pids, urls = [int(p) for p in line[:2]], line[2:]
+    assert len(pids) == 2, line
+    for url in urls:  # serving while their launcher lives
+      with urllib.request.urlopen(url + "/health", timeout=30) as resp:
+        assert resp.status == 200
+    experiment.kill()
+    experiment.wait(30)
+    deadline = time.monotonic() + 120
+    while any(_alive(p) for p in pids):
+      assert time.monotonic() < deadline, "a server outlived its SIGKILLed launcher"
+      time.sleep(0.1)
+  finally:
+    experiment.kill()
+    experiment.wait(30)
+    for pid in pids:  # only if the test failed
+      if _alive(pid):
+        os.killpg(pid, signal.SIGKILL)
+  logs = [open(tmp_path / name).read() for name in os.listdir(tmp_path) if name.endswith(".log")]
+  assert len(logs) == 2 and all("is gone: stopping this server" in text for text in logs), logs

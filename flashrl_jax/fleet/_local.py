@@ -8,18 +8,24 @@ its children; logs go to one file per server. The same launcher starts our JAX s
 (`flashrl_jax.rollout.server`) or the protocol stub (`flashrl_jax.testing._stub`).
 `launch/start_local_servers.sh` runs this module's `main`, which starts K servers, prints their URLs
 and stops them all on SIGINT/SIGTERM.
+
+No server outlives its launcher: each is told its launcher's pid (`LAUNCHER_PID_ENV`) and our JAX
+server stops itself once that process is gone (`exit_with_launcher`), so a run or benchmark killed
+with SIGKILL, which cannot stop anything, leaves no server taking cores from the next measurement.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +35,10 @@ from absl import app as absl_app
 from absl import flags
 
 DEFAULT_MODULE = "flashrl_jax.rollout.server"
+# The pid of the process that started a server (set by `LocalServers`, read by `exit_with_launcher`).
+LAUNCHER_PID_ENV = "FLASHRL_LAUNCHER_PID"
+
+log = logging.getLogger(__name__)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -187,9 +197,9 @@ class LocalServers:
     with open(spec.log_path, "ab") as log:
       log.write(f"=== {time.strftime('%H:%M:%S')} {' '.join(spec.argv)}\n".encode())
       log.flush()
-      self._procs[i] = subprocess.Popen(spec.argv, stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env=dict(spec.env),
-                                        start_new_session=True)
+      self._procs[i] = subprocess.Popen(
+          spec.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+          env={**dict(spec.env), LAUNCHER_PID_ENV: str(os.getpid())}, start_new_session=True)
     if self.on_spawn is not None:
       self.on_spawn(self)
 
@@ -233,6 +243,55 @@ class LocalServers:
     except subprocess.TimeoutExpired:
       self._send(i, signal.SIGKILL)
       p.wait(wait_s)
+
+
+def exit_with_launcher(poll_s: float = 0.5, grace_s: float = 30.0) -> threading.Thread | None:
+  """In a server `LocalServers` started: SIGTERMs this process once its launcher is gone.
+
+  The server runs in its own session (so a signal to the launcher's group never reaches it), so
+  without this a launcher that dies without stopping it (SIGKILL, a crash) leaves it running. The
+  launcher is normally the parent (`taskset` and `chrt` exec into the server): once it exits, the
+  process is re-parented, which `getppid` shows at once (even while the dead launcher is an
+  unreaped zombie) and which a recycled pid cannot fake. Otherwise (a wrapper process between
+  them, or a launcher that died while this process was starting) its pid is watched instead.
+  A process not started by `LocalServers` is not watched. If SIGTERM has not ended the process
+  after `grace_s`, it exits at once.
+  """
+  if not os.environ.get(LAUNCHER_PID_ENV):
+    return None
+  launcher = int(os.environ[LAUNCHER_PID_ENV])
+  if os.getppid() == launcher:
+    gone = lambda: os.getppid() != launcher  # noqa: E731
+  else:
+    gone = lambda: not _running(launcher)  # noqa: E731
+
+  def watch() -> None:
+    while not gone():
+      time.sleep(poll_s)
+    log.warning("launcher %d is gone: stopping this server", launcher)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(grace_s)
+    log.error("still running %.0f s after SIGTERM: exiting", grace_s)
+    os._exit(1)
+
+  thread = threading.Thread(target=watch, name="exit-with-launcher", daemon=True)
+  thread.start()
+  return thread
+
+
+def _running(pid: int) -> bool:
+  """Whether `pid` exists and has not ended (a zombie has; where `/proc` shows it)."""
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except (OSError, IndexError):
+    return True
 
 
 class Accelerator(enum.Enum):

@@ -21,6 +21,7 @@ from absl import app, flags
 from aiohttp import web
 
 from flashrl_jax._backend import check_backend
+from flashrl_jax.fleet import exit_with_launcher
 from flashrl_jax.rollout._compiles import DEFAULT_CACHE_DIR, enable_compilation_cache
 from flashrl_jax._gc import freeze_startup_objects
 from flashrl_jax.rollout._config import EngineConfig
@@ -115,6 +116,7 @@ async def _serve(engine: Engine, args: dict) -> None:
 def main(argv) -> None:
   del argv
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+  exit_with_launcher()  # a launcher killed with SIGKILL leaves no server running
   if _PLATFORM.value:
     check_backend(_PLATFORM.value, "this rollout server")
   if _CACHE_DIR.value:
