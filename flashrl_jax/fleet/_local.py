@@ -260,10 +260,10 @@ def exit_with_launcher(poll_s: float = 0.5, grace_s: float = 30.0) -> threading.
   if not os.environ.get(LAUNCHER_PID_ENV):
     return None
   launcher = int(os.environ[LAUNCHER_PID_ENV])
-  if os.getppid() == launcher:
-    gone = lambda: os.getppid() != launcher  # noqa: E731
-  else:
-    gone = lambda: not _running(launcher)  # noqa: E731
+  direct_child = os.getppid() == launcher
+
+  def gone() -> bool:
+    return os.getppid() != launcher if direct_child else not _running(launcher)
 
   def watch() -> None:
     while not gone():
