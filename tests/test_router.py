@@ -134,4 +134,5 @@ def test_weight_handoff_to_workers_while_generating_through_the_router(fleet):
   assert any("1" in r.token_versions and "default" in r.token_versions for r in results)
   assert set(after.token_versions) == {"1"}
   assert {w: i.weight_version for w, i in info.items()} == {w: "1" for w in workers}
+  assert all(get(w, "/server_info")[1]["decode_delay_s"] == DECODE_DELAY_S for w in workers)
   assert stats.server_failures == 0 and stats.version == 1

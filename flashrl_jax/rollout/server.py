@@ -132,7 +132,8 @@ def main(argv) -> None:
   args = {"model_path": config.model_path, "tokenizer_path": config.tokenizer_path,
           "served_model_name": _SERVED_NAME.value or config.model_path,
           "host": _HOST.value, "port": _PORT.value, "weight_version": config.weight_version,
-          "seed": config.seed, "prefill_token_budget": config.prefill_token_budget}
+          "seed": config.seed, "prefill_token_budget": config.prefill_token_budget,
+          "decode_delay_s": config.decode_delay_s}  # a server slowed on purpose says so
   try:
     asyncio.run(_serve(engine, args))
   finally:
