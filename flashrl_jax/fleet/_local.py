@@ -250,23 +250,19 @@ def exit_with_launcher(poll_s: float = 0.5, grace_s: float = 30.0) -> threading.
 
   The server runs in its own session (so a signal to the launcher's group never reaches it), so
   without this a launcher that dies without stopping it (SIGKILL, a crash) leaves it running. The
-  launcher is normally the parent (`taskset` and `chrt` exec into the server): once it exits, the
-  process is re-parented, which `getppid` shows at once (even while the dead launcher is an
-  unreaped zombie) and which a recycled pid cannot fake. Otherwise (a wrapper process between
-  them, or a launcher that died while this process was starting) its pid is watched instead.
-  A process not started by `LocalServers` is not watched. If SIGTERM has not ended the process
-  after `grace_s`, it exits at once.
+  launcher is the parent (`taskset` and `chrt` exec into the server): once it exits, the process
+  is re-parented, which `getppid` shows at once (even while the dead launcher is an unreaped
+  zombie, and already at the first look if it died while this process was starting) and which a
+  recycled pid cannot fake (the learner process checks its controller the same way). A process
+  not started by `LocalServers` is not watched. If SIGTERM has not ended the process after
+  `grace_s`, it exits at once.
   """
   if not os.environ.get(LAUNCHER_PID_ENV):
     return None
   launcher = int(os.environ[LAUNCHER_PID_ENV])
-  direct_child = os.getppid() == launcher
-
-  def gone() -> bool:
-    return os.getppid() != launcher if direct_child else not _running(launcher)
 
   def watch() -> None:
-    while not gone():
+    while os.getppid() == launcher:
       time.sleep(poll_s)
     log.warning("launcher %d is gone: stopping this server", launcher)
     os.kill(os.getpid(), signal.SIGTERM)
@@ -277,21 +273,6 @@ def exit_with_launcher(poll_s: float = 0.5, grace_s: float = 30.0) -> threading.
   thread = threading.Thread(target=watch, name="exit-with-launcher", daemon=True)
   thread.start()
   return thread
-
-
-def _running(pid: int) -> bool:
-  """Whether `pid` exists and has not ended (a zombie has; where `/proc` shows it)."""
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  try:
-    with open(f"/proc/{pid}/stat") as f:
-      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-  except (OSError, IndexError):
-    return True
 
 
 class Accelerator(enum.Enum):
