@@ -138,6 +138,11 @@ class MachineProbe:
     finally:
       self._servers.stop()
 
+  def pids(self, core: int) -> tuple[int | None, int]:
+    """(core `core`'s probe server's pid, None once it has exited; its probe learner's pid)."""
+    i = self.cores.index(core)
+    return self._servers.pid(i), self._learners[i].pid
+
   def _generate(self, url: str, tokens: int) -> None:
     body = json.dumps({"input_ids": list(range(3, 19)),
                        "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True,

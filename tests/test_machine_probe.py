@@ -145,10 +145,14 @@ def test_the_probe_during_a_measurement_counts_the_servers_cpu_not_its_wait(run_
     finally:
       hog.kill()
       hog.wait()
-    probe._servers.kill(0)  # a probe server that dies during a measurement is named, not skipped
+    server_pid, learner_pid = probe.pids(core)
+    os.kill(server_pid, signal.SIGKILL)  # a probe server that dies during a measurement is named
+    deadline = time.monotonic() + 10
+    while probe.pids(core)[0] is not None and time.monotonic() < deadline:
+      time.sleep(0.05)
     with probe.during(**back_to_back) as no_server:
       time.sleep(1.0)
-    os.kill(probe._learners[0].pid, signal.SIGKILL)
+    os.kill(learner_pid, signal.SIGKILL)
     with probe.during(**back_to_back) as neither:
       time.sleep(0.5)
   assert "during_probe_per_core" not in no_server
