@@ -3,7 +3,8 @@ stub rollout servers (a fake model, so no server compiles), the real trainer and
 
 - The controller SIGKILLed after step 2 and rerun with the same command resumes from its checkpoint:
   every step logged once, the policy version continues, no sample id trained twice, the prompts in
-  flight at the checkpoint are trained after the resume, and its orphaned servers are reaped.
+  flight at the checkpoint are trained after the resume, and its orphaned servers (stubs told to
+  outlive their launcher, as real SGLang servers do) are reaped.
 - A rollout server SIGKILLed mid-run, with slow and failing environments: the supervisor restarts it
   at the current policy version, no request is lost, every step completes.
 """
@@ -33,10 +34,10 @@ def _command(workdir, model, *extra):
           "--noprogress", "--batch_size=2", "--group_size=2", "--checkpoint_every=1", *extra]
 
 
-def _start(command, log_path, jax_cache):
+def _start(command, log_path, jax_cache, **env):
   with open(log_path, "ab") as log:
     return subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                            env=train_env(jax_cache))
+                            env=train_env(jax_cache, **env))
 
 
 def _wait_for_step(workdir, step: int, proc, timeout_s: float = 300) -> None:
@@ -83,7 +84,9 @@ def _check_records(records, steps):
 def test_trainer_sigkill_resumes_from_checkpoint(tmp_path, run_model, jax_cache):
   workdir, log_path = str(tmp_path / "run"), str(tmp_path / "train.log")
   command = _command(workdir, run_model, "--steps=5")
-  first = _start(command, log_path, jax_cache)
+  # The stubs stand in for servers that do not stop with their launcher (real SGLang; ours do, see
+  # tests/test_stopped_experiments.py), so the second run's reap is what stops them.
+  first = _start(command, log_path, jax_cache, FLASHRL_STUB_OUTLIVES_LAUNCHER="1")
   try:
     _wait_for_step(workdir, 2, first)
     _wait_for_a_checkpoint(workdir)

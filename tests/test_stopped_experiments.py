@@ -8,7 +8,8 @@ Tried, each in an experiment process of its own, SIGTERMed while it waits:
   its own servers), even when its pipe is full of the log lines it writes on its way out.
 
 And one SIGKILLed (nothing of its own can run then): the real JAX servers it started with
-`LocalServers` stop themselves, and say why in their logs; until then they had served.
+`LocalServers` stop themselves, serving or still starting, and say why in their logs; so do the
+protocol stubs (their own copy of the watcher: they import nothing from the package).
 """
 
 from __future__ import annotations
@@ -123,6 +124,10 @@ SERVERS_OF = {
             print(*(servers.pid(i) for i in range(2)), flush=True)
         LocalServers.start(workdir + "/model", 2, extra_args=["--nowarmup"], log_dir=workdir,
                            env=dict(os.environ, JAX_PLATFORMS="cpu"), on_spawn=spawned)"""),
+    "stubs": textwrap.dedent("""
+        from tests.rollout_stubs import start_stubs
+        servers = start_stubs(2, "stub", log_dir=workdir)
+        print(*(servers.pid(i) for i in range(2)), *servers.urls, flush=True)"""),
 }
 
 
@@ -157,4 +162,4 @@ def test_servers_of_a_sigkilled_experiment_stop_themselves(tmp_path, when):
       if _alive(pid):
         os.killpg(pid, signal.SIGKILL)
   logs = [open(tmp_path / name).read() for name in os.listdir(tmp_path) if name.endswith(".log")]
-  assert len(logs) == 2 and all("is gone: stopping this server" in text for text in logs), logs
+  assert len(logs) == 2 and all("is gone: stopping this" in text for text in logs), logs

@@ -20,6 +20,8 @@ import dataclasses
 import enum
 import json
 import os
+import signal
+import threading
 import time
 import uuid
 from typing import Any
@@ -376,8 +378,28 @@ class StubServer:
     return web.json_response({"status": "ok"})
 
 
+def _exit_with_launcher(poll_s: float = 0.5) -> None:
+  """SIGTERMs this stub once `LocalServers`' launcher (its parent) is gone, as
+  `flashrl_jax.fleet.exit_with_launcher` does for our JAX server (repeated here, in four lines, so
+  the stub imports nothing from the package): a SIGKILLed test or run leaves no stub behind.
+  `FLASHRL_STUB_OUTLIVES_LAUNCHER=1` turns it off: the stub then stands in for a server that does
+  not watch its launcher (real SGLang), which the next run's reap of `server_pids.json` stops."""
+  launcher = os.environ.get("FLASHRL_LAUNCHER_PID")
+  if not launcher or os.environ.get("FLASHRL_STUB_OUTLIVES_LAUNCHER") == "1":
+    return
+
+  def watch() -> None:
+    while os.getppid() == int(launcher):
+      time.sleep(poll_s)
+    print(f"launcher {launcher} is gone: stopping this stub", flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  threading.Thread(target=watch, name="exit-with-launcher", daemon=True).start()
+
+
 def main(argv: list[str]) -> None:
   del argv
+  _exit_with_launcher()
   f = flags.FLAGS
   misbehave, die_after = parse_misbehave(f.misbehave)
   knobs = ("model_path weight_version vocab_size max_running_requests context_length latency_s "
