@@ -116,12 +116,16 @@ def test_a_stopped_experiment_stops_the_servers_it_started(tmp_path):
 # are still importing JAX when it is killed: they find their launcher gone when they start).
 SERVERS_OF = {
     "serving": textwrap.dedent("""
+        from tests.api_servers import start_servers, write_hf_checkpoint
+        write_hf_checkpoint(workdir + "/model", seed=0)
         servers = start_servers(workdir + "/model", 2, log_dir=workdir)
         print(*(servers.pid(i) for i in range(2)), *servers.urls, flush=True)"""),
     "starting": textwrap.dedent("""
         def spawned(servers):
           if all(servers.pid(i) for i in range(2)):
             print(*(servers.pid(i) for i in range(2)), flush=True)
+        from tests.api_servers import write_hf_checkpoint
+        write_hf_checkpoint(workdir + "/model", seed=0)
         LocalServers.start(workdir + "/model", 2, extra_args=["--nowarmup"], log_dir=workdir,
                            env=dict(os.environ, JAX_PLATFORMS="cpu"), on_spawn=spawned)"""),
     "stubs": textwrap.dedent("""
@@ -136,8 +140,6 @@ def test_servers_of_a_sigkilled_experiment_stop_themselves(tmp_path, when):
   body = "\n".join([
       "import os",
       "from flashrl_jax.fleet import LocalServers",
-      "from tests.api_servers import start_servers, write_hf_checkpoint",
-      "write_hf_checkpoint(workdir + '/model', seed=0)",
       SERVERS_OF[when],
       "time.sleep(600)"])
   experiment = _experiment(body, str(tmp_path / "unused"), str(tmp_path))
