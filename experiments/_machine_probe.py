@@ -15,19 +15,25 @@ within 5% of one another). The servers wait on a condition variable between prob
 not disturb what is measured beside them). Beside each server, one idle learner process per core
 (the regime's model and train config, learning rate 0 so its weights and so its arithmetic never
 change) times the same train step on a fixed batch, the median of `train_reps`: the train probe. A
-run's servers' costs are rescaled by the decode probe of their cores over its calibration's
-(`Sides.SERVERS`, the default). The trainer's are not: a decode batch measures decode, and a train
-step did not follow it; `Sides.TRAIN` rescales them by the train probe instead, printed beside the
-rule, not applied: in its first pass (AS, 2026-11-28, on a machine 2-3x slower whose speed flipped
-between two modes within minutes) it read the trainer's core x0.79-1.09 of its calibrations', moved
-with neither the runs' train steps nor the decode probe, and raised the largest error from 0.281 to
-0.337 (docs/simulator.md). In pass AN (2026-11-28) the trainer's core probed 9-12% faster around the
-balanced async runs than around their calibrations, the runs' train steps were not faster, and
-rescaling the train cost by it caused most of that pass's error. Re-predicting passes AI-AN offline
-with the probe on the servers' side only put all six within 15% (largest errors 0.142, 0.100, 0.144,
-0.140, 0.067, 0.091; on both sides: 0.139, 0.114, 0.150, 0.154, 0.092, 0.149; without it: 0.214,
-0.090, 0.147, 0.130, 0.126, 0.042). That rule was chosen on those passes, so the passes after it are
-its test (docs/simulator.md).
+run's servers' costs were rescaled by the decode probe of their cores over its calibration's
+(`Sides.SERVERS`, the rule from pass AO until BF). The trainer's were not: a decode batch measures
+decode, and a train step did not follow it; `Sides.TRAIN` rescales them by the train probe instead,
+printed beside the rule, not applied: in its first pass (AS, 2026-11-28, on a machine 2-3x slower
+whose speed flipped between two modes within minutes) it read the trainer's core x0.79-1.09 of its
+calibrations', moved with neither the runs' train steps nor the decode probe, and raised the
+largest error from 0.281 to 0.337 (docs/simulator.md). In pass AN (2026-11-28) the trainer's core
+probed 9-12% faster around the balanced async runs than around their calibrations, the runs' train
+steps were not faster, and rescaling the train cost by it caused most of that pass's error.
+Re-predicting passes AI-AN offline with the probe on the servers' side only put all six within 15%
+(largest errors 0.142, 0.100, 0.144, 0.140, 0.067, 0.091; on both sides: 0.139, 0.114, 0.150,
+0.154, 0.092, 0.149; without it: 0.214, 0.090, 0.147, 0.130, 0.126, 0.042). That rule was chosen
+on those passes, so the passes after it were its test (docs/simulator.md), and in the machine's
+slow mode it failed it: in passes BC-BF (2026-11-29, probes 45-75 ms against ~20 in the normal
+mode) it rescaled a run's servers by x0.68-1.31 while their decode iterations ran x0.85-1.35 of
+the calibrated step, not with it (BF's long-tail α = 1 run: x0.68 by the probe, its decode x1.35),
+and the largest errors were 0.313, 0.442, 0.146, 0.468 with it against 0.188, 0.188, 0.113, 0.162
+without it. Since pass BF the rule rescales neither side (`Sides.NONE`); the probes are still
+taken, and their predictions printed beside the rule.
 
 The same servers are also probed *during* each calibration and each run (`MachineProbe.during`):
 a small batch every few seconds on a core that the measurement is using, timed by the server's
@@ -322,8 +328,8 @@ def pooled(probed: Sequence[dict[str, Any]], probe: str = "machine_probe") -> di
 class Sides(enum.Enum):
   """Which side's costs a run's probe rescales."""
 
-  NONE = "none"  # neither: the calibration's costs as measured
-  SERVERS = "servers"  # the servers' costs, by their cores' probes (the default: module doc)
+  NONE = "none"  # neither: the calibration's costs as measured (the rule since pass BF)
+  SERVERS = "servers"  # the servers' costs, by their cores' probes (the rule AO-BE: module doc)
   BOTH = "both"  # the trainer's too, by its cores' decode probes (the rule before 2026-11-28)
   TRAIN = "train"  # the servers' by their decode probes, the trainer's by its cores' train probes
   # The servers' by their decode probes, the trainer's by its cores' train probe taken during the
@@ -332,8 +338,7 @@ class Sides(enum.Enum):
 
 
 def machine_speed(run: dict[str, Any], calibration: dict[str, Any], server_cores: Sequence[int],
-                  train_cores: Sequence[int], sides: Sides = Sides.SERVERS
-                  ) -> tuple[float, float]:
+                  train_cores: Sequence[int], sides: Sides) -> tuple[float, float]:
   """(servers', trainer's) cost factors of a run against its calibration under `sides`: each
   side that is rescaled gets `speed_ratio` of its cores by its probe, the other 1."""
   servers = speed_ratio(run, calibration, server_cores) if sides != Sides.NONE else 1.0

@@ -103,3 +103,20 @@ def server_profile(snapshots: list[Snapshot], warmup: int, steps: int) -> dict |
           "busy": (delta["decode_s"] + delta["prefill_s"]) / server_seconds,
           "prefill_share": delta["prefill_s"] / max(delta["decode_s"] + delta["prefill_s"], 1e-9),
           "servers": servers}
+
+
+def server_window(reads: dict[int, tuple], metrics: str) -> dict | None:
+  """The servers' CPU seconds, decode counters and the samples trained between the first and the
+  last of `reads` (record count -> (servers' CPU seconds, `Snapshot`)) whose servers all
+  answered; None without two such reads."""
+  full = max((snap.servers for _, snap in reads.values() if snap is not None), default=0)
+  counts = [count for count, (_, snap) in sorted(reads.items())
+            if snap is not None and snap.servers == full]
+  if full == 0 or len(counts) < 2:
+    return None
+  (cpu0, first), (cpu1, last) = reads[counts[0]], reads[counts[-1]]
+  with open(metrics) as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  return {"server_cpu_s": cpu1 - cpu0, "servers": full,
+          "requests": sum(r["num_samples"] for r in records[counts[0]:counts[-1]]),
+          "before": first.counters, "after": last.counters}

@@ -56,7 +56,7 @@ def test_a_runs_costs_follow_the_machine_probe_of_its_own_cores():
   assert _machine_probe.speed_ratio(run, cals[0], [0], "during_probe") == 1.0  # a run without
 
 
-def test_the_probe_rescales_the_servers_costs_and_leaves_the_trainers_by_default():
+def test_each_side_the_probe_rescales_gets_its_cores_ratio_and_the_other_side_one():
   # Tried: around the run the servers' core 0 probed 1.2x slower and the trainer's core 1 0.9x
   # (faster), as pass AN's trainer core read while its train steps were not faster; the train
   # probe read the trainer's core 1.1x slower; a train probe during the run and none.
@@ -65,7 +65,7 @@ def test_the_probe_rescales_the_servers_costs_and_leaves_the_trainers_by_default
   run = {"machine_probe_s": 16.5e-3, "machine_probe_per_core": {"0": 24e-3, "1": 9e-3},
          "train_probe_s": 0.05, "train_probe_per_core": {"0": 0.05, "1": 0.044}}
   speed = functools.partial(_machine_probe.machine_speed, run, calibration, [0], [1])
-  assert speed() == pytest.approx((1.2, 1.0))
+  assert speed(Sides.SERVERS) == pytest.approx((1.2, 1.0))
   assert speed(Sides.BOTH) == pytest.approx((1.2, 0.9))
   assert speed(Sides.TRAIN) == pytest.approx((1.2, 1.1))
   # The train probe during the run read the trainer's core 1.3x slower than during calibration.
@@ -76,7 +76,8 @@ def test_the_probe_rescales_the_servers_costs_and_leaves_the_trainers_by_default
   assert during(Sides.TRAIN) == pytest.approx((1.2, 1.1))  # the probes around it as before
   assert speed(Sides.TRAIN_DURING) == pytest.approx((1.2, 1.0))  # no such probe: not rescaled
   assert speed(Sides.NONE) == (1.0, 1.0)
-  assert _machine_probe.machine_speed({}, calibration, [0], [1]) == (1.0, 1.0)  # no run probe
+  no_run_probe = _machine_probe.machine_speed({}, calibration, [0], [1], Sides.SERVERS)
+  assert no_run_probe == (1.0, 1.0)
 
 
 def test_both_probes_are_averaged_around_a_measurement():

@@ -580,19 +580,19 @@ def test_a_runs_cost_per_request_is_its_servers_cpu_beyond_the_static_table(tmp_
   # Two servers (one worker each) on a CPU 2 s together over the window, 1000 decode steps each at
   # 4 live; the static table prices a step at 4 live 0.2 + 3/7 * 0.2 ms. 40 samples were trained
   # in the window's records (the 3rd to the 12th: 4 a record), the record before it not counted.
-  from experiments._server_profile import Snapshot
+  from experiments._server_profile import Snapshot, server_window
   metrics = tmp_path / "metrics.jsonl"
   metrics.write_text("".join(json.dumps({"num_samples": 4}) + "\n" for _ in range(14)))
   zero = {"decode_steps": 0.0, "busy_slot_steps": 0.0, "decode_s": 0.0}
   after = {"decode_steps": 2000.0, "busy_slot_steps": 8000.0, "decode_s": 0.5}
   reads = {2: (10.0, Snapshot(0.0, 2, zero, 2)), 7: (11.0, None),
            12: (12.0, Snapshot(1.0, 12, after, 2)), 13: (12.5, Snapshot(1.1, 13, after, 1))}
-  window = sim_vs_measured.server_window(reads, str(metrics))
+  window = server_window(reads, str(metrics))
   assert (window["server_cpu_s"], window["requests"], window["servers"]) == (2.0, 40, 2)
   cal = _calibration_of(length=50, step_s=0.0002, train_s=0.05)
   cal["rollout"]["decode_step_s"] = [0.0002, 0.0004]
   step = 0.0002 + 3 / 7 * 0.0002
   assert sim_vs_measured.run_request_s(cal, window) == pytest.approx((2.0 - 2000 * step) / 40)
   # A read whose servers did not all answer (a restart) is not a window's end; none is no window.
-  assert sim_vs_measured.server_window({2: (1.0, Snapshot(0.0, 2, zero, 1))}, str(metrics)) is None
+  assert server_window({2: (1.0, Snapshot(0.0, 2, zero, 1))}, str(metrics)) is None
   assert sim_vs_measured.run_request_s(cal, None) is None

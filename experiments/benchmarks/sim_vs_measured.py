@@ -16,8 +16,9 @@ samples/s from the two calibrations blended at the run's time: nothing measured 
 its prediction. Around each calibration and each run an idle engine server per core times a small
 decode batch and an idle learner per core a fixed train step (`--machine_probe`, the default;
 `experiments/_machine_probe.py`): the machine's speed that minute, which drifts by 10-25% within a
-pass; a run's servers' costs are rescaled by their cores' decode probe over its calibration's (the
-trainer's core's probes are printed, not applied: `experiments/_machine_probe.py` says why). Both
+pass. Its predictions are printed beside the rule, not applied since pass BF (`--probe_sides=none`:
+in the machine's slow mode the probe's rescaling of the servers' costs, the rule before, made the
+largest error of four passes in four; `experiments/_machine_probe.py` says why). Both
 sides are timed on a shared machine, so the calibrated costs are also rescaled to the CPU contention
 the run met: the kernel's per-thread time on a CPU and time waiting for one give, for the servers
 and for the trainer's process, (run + wait) / run over the run's timed steps and over the
@@ -70,7 +71,7 @@ from experiments._pass_files import (
     saved_calibrations, saved_runs)
 from experiments._sim_config import calibrated_mean_response, calibrated_step_s, sim_config
 from experiments._summary import timed_seconds
-from experiments._server_profile import ServerSampler, server_profile
+from experiments._server_profile import ServerSampler, server_profile, server_window
 from flashrl_jax import sim
 
 # The regimes of `async_vs_sync` (name -> config, steps, warm-up steps): the runs predicted are
@@ -101,13 +102,14 @@ _BRACKET = flags.DEFINE_bool(
 _PROBE = flags.DEFINE_bool(
     "machine_probe", True, "Probe the machine's speed with the regime's own engine (an idle "
     "server per core, a small decode batch) just before and after each calibration and run, and "
-    "rescale each run's servers' costs by their cores' probe over its calibration's "
+    "print the predictions that rescale a run's costs by it beside the rule "
     "(experiments/_machine_probe.py).")
 _SIDES = flags.DEFINE_enum(
-    "probe_sides", "servers", [s.value for s in _machine_probe.Sides],
-    "Which costs the machine probe rescales: the servers' (default), both sides' by the decode "
-    "probe, the servers' by it and the trainer's by the train probe around the run (train) or "
-    "during it (train_during), or none (experiments/_machine_probe.py says why not the trainer's).")
+    "probe_sides", "none", [s.value for s in _machine_probe.Sides],
+    "Which costs the machine probe rescales in the rule: none (default, since pass BF), the "
+    "servers' (the rule from pass AO until BF), both sides' by the decode probe, the servers' by "
+    "it and the trainer's by the train probe around the run (train) or during it (train_during) "
+    "(experiments/_machine_probe.py says why).")
 _OUT = flags.DEFINE_string("out", None, "Directory for runs and calibrations (default: temp).")
 _REPREDICT = flags.DEFINE_string(
     "repredict", None, "A pass's --out directory: predict its saved runs again from its saved "
@@ -195,23 +197,6 @@ def run(config_path: str, workdir: str, mode: str, alpha: int, steps: int, warmu
                          "rollout": _cpu_time.contention(first[1], last[1])}}
 
 
-def server_window(reads: dict[int, tuple], metrics: str) -> dict | None:
-  """The servers' CPU seconds, decode counters and the samples trained between the first and the
-  last of `reads` (record count -> (servers' CPU seconds, `Snapshot`)) whose servers all
-  answered; None without two such reads."""
-  full = max((snap.servers for _, snap in reads.values() if snap is not None), default=0)
-  counts = [count for count, (_, snap) in sorted(reads.items())
-            if snap is not None and snap.servers == full]
-  if full == 0 or len(counts) < 2:
-    return None
-  (cpu0, first), (cpu1, last) = reads[counts[0]], reads[counts[-1]]
-  with open(metrics) as f:
-    records = [json.loads(line) for line in f if line.strip()]
-  return {"server_cpu_s": cpu1 - cpu0, "servers": full,
-          "requests": sum(r["num_samples"] for r in records[counts[0]:counts[-1]]),
-          "before": first.counters, "after": last.counters}
-
-
 def run_request_s(calibration: dict, window: dict | None) -> float | None:
   """A run's servers' CPU seconds per request beyond its decode steps priced by the calibration's
   static table (`stream_request_s`, as the calibration prices its stream): what a request cost the
@@ -277,7 +262,7 @@ def mean_samples_per_s(results: list[sim.SimResult]) -> float:
 
 
 def predicted_samples_per_s(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int,
-                            sides: _machine_probe.Sides = _machine_probe.Sides.SERVERS) -> dict:
+                            sides: _machine_probe.Sides) -> dict:
   """A run's prediction from calibration `cal` alone, its costs rescaled to the CPU contention the
   run met (async: against the reference the prediction's own overlap implies) and, on `sides`
   (with probes around both), to the machine's speed around the run against around the
@@ -305,7 +290,7 @@ def predicted_samples_per_s(done: MeasuredRun, path: str, cal: dict, steps: int,
 
 def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int,
                 weight: float | None = None, first: dict | None = None,
-                sides: _machine_probe.Sides = _machine_probe.Sides.SERVERS,
+                sides: _machine_probe.Sides = _machine_probe.Sides.NONE,
                 pools: tuple[dict, dict] | None = None) -> dict:
   """Predicts a measured run from calibration `cal` (with brackets: the two calibrations blended
   at `weight`, and `first`, the calibration before the runs alone, printed beside it), the
@@ -336,16 +321,19 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
   if "machine_probe_s" in info and "machine_probe_s" in cal:
     machine, Sides = p["machine"], _machine_probe.Sides
     probed = {Sides.TRAIN: "train_probe_s", Sides.TRAIN_DURING: "during_train_probe_s"}
-    others = [Sides.NONE, Sides.BOTH] + [  # train probes: since eb808f8, during since 2026-11-29
+    others = [Sides.NONE, Sides.SERVERS, Sides.BOTH] + [  # train: since eb808f8, during: 11-29
         s for s, key in probed.items() if key in info and key in cal]
     other = {other: predicted if other == sides else  # the rule applied: computed above
              predicted_samples_per_s(done, path, cal, steps, warmup, other)["predicted"]
              for other in others}
-    unprobed, both = other[Sides.NONE], other[Sides.BOTH]
+    unprobed, servers, both = other[Sides.NONE], other[Sides.SERVERS], other[Sides.BOTH]
+    servers_probe = _machine_probe.speed_ratio(info, cal, server_cores(cal))
     trainer_probe = _machine_probe.speed_ratio(info, cal, cal["placement"]["train_cpus"])
     row.update(machine_speed=[machine.servers, machine.trainer], trainer_core_probe=trainer_probe,
-               predicted_unprobed=unprobed, error_unprobed=error(unprobed),
-               predicted_probe_both=both, error_probe_both=error(both))
+               servers_probe=servers_probe, predicted_unprobed=unprobed,
+               error_unprobed=error(unprobed), predicted_probe_servers=servers,
+               error_probe_servers=error(servers), predicted_probe_both=both,
+               error_probe_both=error(both))
     train = ""
     if Sides.TRAIN in other:
       train_probe = _machine_probe.speed_ratio(info, cal, cal["placement"]["train_cpus"],
@@ -364,11 +352,12 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
                 f"{other[Sides.TRAIN_DURING]:7.2f} ({row['error_probe_train_during']:5.1%})")
     print(f"{done.regime:>9} {name:<10} r{done.repeat} machine probe around the run "
           f"{info['machine_probe_s'] * 1e3:.1f} ms against the calibration's "
-          f"{cal['machine_probe_s'] * 1e3:.1f} ms: costs x{machine.servers:.3f} (servers) "
-          f"x{machine.trainer:.3f} (trainer; its core's decode probe x{trainer_probe:.3f}); "
-          f"predicted without the probe {unprobed:7.2f} ({row['error_unprobed']:5.1%}), with it on "
-          f"both sides {both:7.2f} ({row['error_probe_both']:5.1%}){train}", flush=True)
-  alternatives = alternative_predictions(done, path, cal, steps, warmup, p, pools)
+          f"{cal['machine_probe_s'] * 1e3:.1f} ms (the servers' cores x{servers_probe:.3f}, the "
+          f"trainer's x{trainer_probe:.3f}; the rule rescales {sides.value}): predicted without "
+          f"the probe {unprobed:7.2f} ({row['error_unprobed']:5.1%}), with it on the servers (the "
+          f"rule until pass BF) {servers:7.2f} ({row['error_probe_servers']:5.1%}), on both sides "
+          f"{both:7.2f} ({row['error_probe_both']:5.1%}){train}", flush=True)
+  alternatives = alternative_predictions(done, path, cal, steps, warmup, p, pools, sides)
   row.update({k: v for k, v in alternatives.items() if k != "line"})
   row.update({f"error_{k[len('predicted_'):]}": error(v) for k, v in alternatives.items()
               if k.startswith("predicted_")})
@@ -422,23 +411,25 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
 
 
 def alternative_predictions(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int,
-                            rule: dict, pools: tuple[dict, dict] | None) -> dict:
+                            rule: dict, pools: tuple[dict, dict] | None,
+                            sides: _machine_probe.Sides) -> dict:
   """Predictions beside the rule. Written before pass AT: the servers' costs rescaled by the
   regime's pooled probes (every run's against every calibration's, per core median: pass AS); in
   async, the train step beside rollout by `shared_core_train_factor` (the servers as the rule has
   them, the trainer's costs not rescaled by contention). Before pass AU: the servers' costs
   rescaled by the probe *during* the run over the one during its calibration. In async, the rule
-  before 2026-11-29 (the trainer's factor not floored); in sync, the sync rounds' latency.
+  before 2026-11-29 (the trainer's factor not floored); in sync, the sync rounds' latency. The
+  rule rescales `sides`; the probes' alternatives rescale the servers' costs whatever it does.
   Keys `predicted_<name>` (pooled_probe, shared_core, during_probe, unfloored, rounds_latency),
   `shared_core_train_factor`, `pooled_probe_speed`, `during_probe_speed`, `line` ((key, label))."""
   out: dict = {"line": []}
 
   def probed(run_probe: dict, cal_probe: dict) -> tuple[float, float]:
-    """(the rule's prediction, the servers' speed ratio it applied) with the run's and the
-    calibration's decode probes per core replaced by another probe's."""
+    """(the prediction with the servers' costs rescaled by another probe, that probe's speed
+    ratio on them): the run's and the calibration's decode probes per core replaced by it."""
     p = predicted_samples_per_s(
         dataclasses.replace(done, info={**done.info, "machine_probe_per_core": run_probe}), path,
-        {**cal, "machine_probe_per_core": cal_probe}, steps, warmup)
+        {**cal, "machine_probe_per_core": cal_probe}, steps, warmup, _machine_probe.Sides.SERVERS)
     return p["predicted"], p["machine"].servers
 
   key = "during_probe_per_core"
@@ -464,7 +455,7 @@ def alternative_predictions(done: MeasuredRun, path: str, cal: dict, steps: int,
   if done.layout == "sync" and "latency_s" in rounds:  # since 2026-11-29 (`round_latency_s`)
     ro = {**cal["rollout"], "latency_s": rounds["latency_s"]}
     out["predicted_rounds_latency"] = predicted_samples_per_s(
-        done, path, {**cal, "rollout": ro}, steps, warmup)["predicted"]
+        done, path, {**cal, "rollout": ro}, steps, warmup, sides)["predicted"]
     out["line"].append(("rounds_latency", f"the sync rounds' latency {ro['latency_s'] * 1e3:.1f}"
                         f" ms, not the decode batches' {cal['rollout']['latency_s'] * 1e3:.1f} ms"))
   if done.layout != "sync" and "beside_rollout" in cal["trainer"]:
