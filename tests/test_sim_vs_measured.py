@@ -147,16 +147,19 @@ def test_layouts_follow_the_runs_placement():
 
 
 def test_measured_throughput_skips_the_warmup(tmp_path):
-  lines = [{"num_samples": n, "time/step_s": s, "time/train_s": 0.1,
+  lines = [{"num_samples": n, "time/step_s": s, "time/train_s": train,
             "time/wait_data_s": w, "response_length_max": 9, "response_length_mean": length}
-           for n, s, w, length in ((16, 30.0, 29.0, 50.0), (16, 1.0, 0.2, 3.0),
-                                   (32, 2.0, 1.4, 6.0), (16, 1.0, 0.2, 3.0))]
+           for n, s, w, length, train in ((16, 30.0, 29.0, 50.0, 1.5), (16, 1.0, 0.2, 3.0, 0.1),
+                                          (32, 2.0, 1.4, 6.0, 1.2), (16, 1.0, 0.2, 3.0, 0.1))]
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
   got = sim_vs_measured.measured(str(tmp_path), warmup=1)
   assert got["samples_per_s"] == pytest.approx(64 / 4.0)
   assert got["wait_s"] == pytest.approx(0.6)  # the warm-up step's 29 s is not in the mean
   # Per response, not per step, and without the warm-up's 50-token responses.
   assert got["mean_response"] == pytest.approx((16 * 3 + 32 * 6 + 16 * 3) / 64)
+  # A timed step that trained for over a second is flagged as a mid-run compile (the third
+  # record, step 3); the warm-up's first step compiles by design and is not.
+  assert got["compile_steps"] == [3]
 
 
 def test_the_calibrations_mean_response_is_over_every_sampled_response():

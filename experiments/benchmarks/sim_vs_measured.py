@@ -117,6 +117,9 @@ _REPREDICT = flags.DEFINE_string(
     "results_repredicted_<probe_sides>.json there.")
 
 
+_COMPILE_S = 1.0  # a timed step's training over this: a compile (its steps train in 0.05-0.3 s)
+
+
 def measured(workdir: str, warmup: int) -> dict:
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     every = [json.loads(line) for line in f if line.strip()]
@@ -128,6 +131,10 @@ def measured(workdir: str, warmup: int) -> dict:
           "mean_response": sum(r["response_length_mean"] * r["num_samples"]
                                for r in records) / samples,
           "train_s": float(np.mean([r["time/train_s"] for r in records])),
+          # Timed steps that trained for over a second: a compile at a shape first met mid-run
+          # (pass BI: 7.6 s at step 93), which no calibrated step time predicts.
+          "compile_steps": [r.get("step", i + 1) for i, r in enumerate(every)
+                            if i >= warmup and r["time/train_s"] > _COMPILE_S],
           "wait_s": float(np.mean([r["time/wait_data_s"] for r in records])),
           "step_s": seconds / len(records),
           "longest_over_median": float(np.median([r["response_length_max"] for r in records])
@@ -288,10 +295,9 @@ def predicted_samples_per_s(done: MeasuredRun, path: str, cal: dict, steps: int,
           "slowdown_alone_ref": contention / alone_ref, "unfloored": unfloored}
 
 
-def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int,
-                weight: float | None = None, first: dict | None = None,
-                sides: _machine_probe.Sides = _machine_probe.Sides.NONE,
-                pools: tuple[dict, dict] | None = None) -> dict:
+def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int, *,
+                sides: _machine_probe.Sides, weight: float | None = None,
+                first: dict | None = None, pools: tuple[dict, dict] | None = None) -> dict:
   """Predicts a measured run from calibration `cal` (with brackets: the two calibrations blended
   at `weight`, and `first`, the calibration before the runs alone, printed beside it), the
   machine probe rescaling `sides`, prints the row and returns it. `pools`: the regime's runs'
@@ -315,6 +321,7 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
          "train_s": (float(np.mean([r.train_time_s for r in results])), got["train_s"]),
          "wait_s": (float(np.mean([r.wait_data_s for r in results])), got["wait_s"]),
          "mean_response": (calibrated_mean_response(cal), got["mean_response"]),
+         "compile_steps": got["compile_steps"],
          "loadavg": info["loadavg"], "run_wall_s": info["wall_s"],
          "servers": info["servers"], "busy_fraction": float(np.mean(
              [r.rollout_busy_fraction for r in results]))}
@@ -384,7 +391,8 @@ def predict_row(done: MeasuredRun, path: str, cal: dict, steps: int, warmup: int
         f"train {row['train_s'][0]:.3f}/{row['train_s'][1]:.3f}s, wait for data "
         f"{row['wait_s'][0]:.3f}/{row['wait_s'][1]:.3f}s, mean response "
         f"{row['mean_response'][0]:.1f}/{row['mean_response'][1]:.1f} tokens (the calibration's "
-        f"initial policy / the run's)", flush=True)
+        f"initial policy / the run's)" + (f" | steps {got['compile_steps']} trained over "
+        f"{_COMPILE_S:.0f} s: compiled mid-run" if got["compile_steps"] else ""), flush=True)
   profile = info["servers"]
   if profile is not None:  # a server restarted or none answered: nothing to compare
     step = calibrated_step_s(cal, profile["live"], profile["servers"])
