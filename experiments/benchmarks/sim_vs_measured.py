@@ -36,7 +36,8 @@ Every row prints the prediction by these rules, the measurement (samples/s over 
 alone, the probes' variants, in async without the floor, in sync with the latency the calibration's
 sync rounds showed, `_sim_config.round_latency_s`) and the run's mean response length beside the
 calibration's: the calibration samples the initial policy, and a run whose policy drifts to shorter
-answers is faster than that policy would be (docs/simulator.md).
+answers is faster than that policy would be (docs/simulator.md), and names any timed step that
+trained for over a second: a compile mid-run, which no calibration predicts (pass BI).
 
 With `--repeats=N` every mode runs N times (interleaved, reversed on odd repeats) and each mode's
 median prediction is compared with its median measurement too: on this 2-core machine one run
