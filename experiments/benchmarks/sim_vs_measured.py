@@ -133,7 +133,7 @@ def measured(workdir: str, warmup: int) -> dict:
                                for r in records) / samples,
           "train_s": float(np.mean([r["time/train_s"] for r in records])),
           # Timed steps that trained for over a second: a compile at a shape first met mid-run
-          # (pass BI: 7.6 s at step 93), which no calibrated step time predicts.
+          # (pass BI: 7.6 s at step 94), which no calibrated step time predicts.
           "compile_steps": [r.get("step", i + 1) for i, r in enumerate(every)
                             if i >= warmup and r["time/train_s"] > _COMPILE_S],
           "wait_s": float(np.mean([r["time/wait_data_s"] for r in records])),

@@ -6,7 +6,7 @@ its decode batch drains. Here the required answer length is lognormal (median 8 
 1.1, clipped at 192: mean ~14, a step's longest ~100), and the policy is warm-started on that
 distribution long enough that its response lengths follow it. A step's tokens usually fit one
 micro-batch, but not always: in a 96-step run (the simulator's validation) a policy whose answers
-had grown needed two at step 93, and with the count compiled there and then that step took 7.6 s
+had grown needed two at step 94, and with the count compiled there and then that step took 7.6 s
 (0.15 s before it); so every count is compiled before step 1 (`precompile`), as in
 `bench_rlvr_longtail.py`. Pausing is in place (an update never forces a re-prefill of in-flight
 requests). One rollout server per rollout core (`num_servers=0`), as in
