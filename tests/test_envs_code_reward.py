@@ -16,7 +16,7 @@ from flashrl_jax.envs import (AdaptiveTimeout, AdaptiveTimeoutConfig, CodeFamily
                               CodeTaskConfig, CodeTests, Isolation, IsolationMode, Sample, Sandbox,
                               SandboxConfig, SandboxResult, SandboxStatus, TestCase, Verdict,
                               extract_code, generate_code_tasks, grade, same)
-from tests.reward_hacks import HACKS, HONEST, TESTS
+from tests.reward_hacks import DATASET_GLOB, HACKS, HONEST, TESTS
 
 MODES = [Isolation.AUTO, Isolation.FALLBACK]
 ROOT = os.geteuid() == 0
@@ -150,8 +150,11 @@ def test_reward_hacks_score_zero(hack, iso, private_dataset):
   run's dataset (with the hidden tests) sits on disk in a private (0700) run dir."""
   if iso is Isolation.FALLBACK and not ROOT:
     pytest.skip("non-root without namespaces is refused; see test_envs_sandbox_unprivileged.py")
-  result = _reward(isolation=iso).score_sync("", HONEST if hack == "honest" else HACKS[hack],
-                                             Sample("p", "", tests=TESTS, id=hack))
+  code = HONEST if hack == "honest" else HACKS[hack]
+  if iso is Isolation.FALLBACK:  # it sees the host's /tmp: aim at this run's own private dataset,
+    # not at world-readable ones another test run may have left or be writing (the documented gap)
+    code = code.replace(DATASET_GLOB, os.path.join(private_dataset, "*.jsonl"))
+  result = _reward(isolation=iso).score_sync("", code, Sample("p", "", tests=TESTS, id=hack))
   assert result.reward == float(hack == "honest"), result.info
 
 
