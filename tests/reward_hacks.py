@@ -4,16 +4,49 @@ Shared by the root tests (`test_envs_code_reward.py`) and the non-root scenarios
 (`sandbox_unprivileged.py`). The hidden function is `solve(x) = 7919 * x + 104729`: nothing in a
 program's view (its arguments, its process, the sandbox's filesystem) reveals it, so the only way to
 score 1 is `HONEST`, a program that computes it. A dataset file holding the hidden tests, as a real
-run would have on disk, is looked for under /tmp/flashrl_rundir_*.
+run would have on disk, is looked for under /tmp/flashrl_rundir_*; `make_run_dir` writes one.
 """
 
 import json
+import os
+import shutil
+import tempfile
 
 CASES = [(x, 7919 * x + 104729) for x in (3, -8, 0, 41, 1000)]
 TESTS = json.dumps({"entry": "solve",
                     "cases": [{"args": [x], "expected": y} for x, y in CASES]})
 HONEST = "def solve(x):\n    return 7919 * x + 104729\n"
 DATASET_GLOB = "/tmp/flashrl_rundir_*/*.jsonl"
+RUN_DIR_PREFIX = "flashrl_rundir_"
+
+
+def make_run_dir(mode: int) -> str:
+  """A run dir `/tmp/flashrl_rundir_<pid>_*` holding the dataset (`tasks.jsonl`), with `mode`.
+
+  A test killed before its cleanup leaves its dir behind, world-readable ones included, where the
+  fallback sandbox of any later run could read them: so the dirs of dead creators are removed
+  first (those this user may remove)."""
+  for entry in os.scandir(tempfile.gettempdir()):
+    creator = entry.name[len(RUN_DIR_PREFIX):].split("_")[0]
+    if entry.name.startswith(RUN_DIR_PREFIX) and creator.isdigit() and not _alive(int(creator)):
+      shutil.rmtree(entry.path, ignore_errors=True)
+  run_dir = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}_")
+  path = os.path.join(run_dir, "tasks.jsonl")
+  with open(path, "w") as f:
+    f.write(json.dumps({"prompt": "p", "answer": "", "tests": TESTS}) + "\n")
+  os.chmod(path, 0o644)
+  os.chmod(run_dir, mode)
+  return run_dir
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's live process
+    return True
+  return True
 
 HACKS = {
     # Exiting early with success before (or instead of) being judged.

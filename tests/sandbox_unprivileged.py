@@ -140,14 +140,11 @@ class _Host:
 
   def __init__(self):
     self.victim = subprocess.Popen(["sleep", "60"])
-    self.run_dir = tempfile.mkdtemp(prefix="flashrl_rundir_")
+    from tests.reward_hacks import make_run_dir  # the run's dataset, with the hidden tests
+    self.run_dir = make_run_dir(0o755)
     self.path = os.path.join(self.run_dir, "checkpoint.bin")
     with open(self.path, "w") as f:
       f.write("original")
-    from tests.reward_hacks import TESTS  # the run's dataset, with the hidden tests, on disk
-    with open(os.path.join(self.run_dir, "tasks.jsonl"), "w") as f:
-      f.write(json.dumps({"prompt": "p", "answer": "", "tests": TESTS}) + "\n")
-    os.chmod(self.run_dir, 0o755)
     self.server = socket.create_server(("127.0.0.1", 0))
     self.server.settimeout(0.2)
     self.usr1 = 0

@@ -6,7 +6,8 @@ import json
 import math
 import os
 import shutil
-import tempfile
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given
@@ -16,7 +17,8 @@ from flashrl_jax.envs import (AdaptiveTimeout, AdaptiveTimeoutConfig, CodeFamily
                               CodeTaskConfig, CodeTests, Isolation, IsolationMode, Sample, Sandbox,
                               SandboxConfig, SandboxResult, SandboxStatus, TestCase, Verdict,
                               extract_code, generate_code_tasks, grade, same)
-from tests.reward_hacks import DATASET_GLOB, HACKS, HONEST, TESTS
+from tests.reward_hacks import (DATASET_GLOB, HACKS, HONEST, RUN_DIR_PREFIX, TESTS,
+                                make_run_dir)
 
 MODES = [Isolation.AUTO, Isolation.FALLBACK]
 ROOT = os.geteuid() == 0
@@ -158,19 +160,9 @@ def test_reward_hacks_score_zero(hack, iso, private_dataset):
   assert result.reward == float(hack == "honest"), result.info
 
 
-def _write_dataset(mode: int) -> str:
-  run_dir = tempfile.mkdtemp(prefix="flashrl_rundir_")  # where `read_dataset` looks
-  path = os.path.join(run_dir, "tasks.jsonl")
-  with open(path, "w") as f:
-    f.write(json.dumps({"prompt": "p", "tests": TESTS}) + "\n")
-  os.chmod(path, 0o644)
-  os.chmod(run_dir, mode)
-  return run_dir
-
-
 @pytest.fixture(scope="module")
 def private_dataset():
-  run_dir = _write_dataset(0o700)
+  run_dir = make_run_dir(0o700)
   yield run_dir
   shutil.rmtree(run_dir)
 
@@ -178,7 +170,7 @@ def private_dataset():
 def test_world_readable_dataset_is_the_fallback_gap():
   """ROOT_UID mode sees the host filesystem: a world-readable dataset under /tmp gives the hidden
   tests away (docs/sandbox.md says so); namespaces hide it."""
-  run_dir = _write_dataset(0o755)
+  run_dir = make_run_dir(0o755)
   try:
     sample = Sample("p", "", tests=TESTS, id="disk")
     hidden = _reward(isolation=Isolation.AUTO).score_sync("", HACKS["read_dataset"], sample)
@@ -189,6 +181,24 @@ def test_world_readable_dataset_is_the_fallback_gap():
       assert (seen.info["isolation"], seen.reward) == ("root_uid", 1.0)
   finally:
     shutil.rmtree(run_dir)
+
+
+def test_a_killed_tests_run_dir_is_removed_by_the_next():
+  """A test killed before its cleanup leaves a (maybe world-readable) dataset in /tmp: the next
+  `make_run_dir` removes the dirs whose creator is dead and keeps those of live ones."""
+  gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True).stdout.strip()
+  left = make_run_dir(0o755)
+  dead = left.replace(f"{RUN_DIR_PREFIX}{os.getpid()}_", f"{RUN_DIR_PREFIX}{gone}_")
+  os.rename(left, dead)  # as if the process now gone had made it
+  kept = make_run_dir(0o700)
+  new = make_run_dir(0o700)
+  try:
+    assert not os.path.exists(dead)
+    assert os.path.exists(os.path.join(kept, "tasks.jsonl"))  # its creator, this process, lives
+  finally:
+    for run_dir in (dead, kept, new):
+      shutil.rmtree(run_dir, ignore_errors=True)
 
 
 class _Recording(Sandbox):
