@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from experiments import _calibration, _calibration_fits, _cpu_time
+from experiments import _calibration, _calibration_fits, _cpu_time, _measured_runs
 from experiments.benchmarks import sim_vs_measured
 from flashrl_jax import sim
 from flashrl_jax.scheduling import PauseMode
@@ -152,7 +152,7 @@ def test_measured_throughput_skips_the_warmup(tmp_path):
            for n, s, w, length, train in ((16, 30.0, 29.0, 50.0, 1.5), (16, 1.0, 0.2, 3.0, 0.1),
                                           (32, 2.0, 1.4, 6.0, 1.2), (16, 1.0, 0.2, 3.0, 0.1))]
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-  got = sim_vs_measured.measured(str(tmp_path), warmup=1)
+  got = _measured_runs.measured(str(tmp_path), warmup=1)
   assert got["samples_per_s"] == pytest.approx(64 / 4.0)
   assert got["wait_s"] == pytest.approx(0.6)  # the warm-up step's 29 s is not in the mean
   # Per response, not per step, and without the warm-up's 50-token responses.
@@ -593,7 +593,7 @@ def test_a_runs_cost_per_request_is_its_servers_cpu_beyond_the_static_table(tmp_
   cal = _calibration_of(length=50, step_s=0.0002, train_s=0.05)
   cal["rollout"]["decode_step_s"] = [0.0002, 0.0004]
   step = 0.0002 + 3 / 7 * 0.0002
-  assert sim_vs_measured.run_request_s(cal, window) == pytest.approx((2.0 - 2000 * step) / 40)
+  assert _measured_runs.run_request_s(cal, window) == pytest.approx((2.0 - 2000 * step) / 40)
   # A read whose servers did not all answer (a restart) is not a window's end; none is no window.
   assert server_window({2: (1.0, Snapshot(0.0, 2, zero, 1))}, str(metrics)) is None
-  assert sim_vs_measured.run_request_s(cal, None) is None
+  assert _measured_runs.run_request_s(cal, None) is None
