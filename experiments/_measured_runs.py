@@ -51,9 +51,9 @@ def _lines(path: str) -> int:
 
 def run(config_path: str, workdir: str, mode: str, alpha: int, steps: int, warmup: int,
         split: tuple[int, int]) -> dict:
-  """Runs one mode for real (async: on `split`, its rollout and trainer cores). While it runs, the CPU times of its processes are read at every step
-  record: the contention its servers and its trainer process met over the timed steps (after
-  `warmup`) rescales the calibrated costs."""
+  """Runs one mode for real (async: on `split`, its rollout and trainer cores). While it runs,
+  the CPU times of its processes are read at every step record: the contention its servers and
+  its trainer process met over the timed steps (after `warmup`) rescales the calibrated costs."""
   rollout, train = split
   flags_ = (["--mode=sync"] if mode == "sync" else
             ["--mode=async", f"--async_ratio={alpha}", f"--rollout_devices={rollout}",
