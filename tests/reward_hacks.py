@@ -4,7 +4,7 @@ Shared by the root tests (`test_envs_code_reward.py`) and the non-root scenarios
 (`sandbox_unprivileged.py`). The hidden function is `solve(x) = 7919 * x + 104729`: nothing in a
 program's view (its arguments, its process, the sandbox's filesystem) reveals it, so the only way to
 score 1 is `HONEST`, a program that computes it. A dataset file holding the hidden tests, as a real
-run would have on disk, is looked for under /tmp/flashrl_rundir_*; `make_run_dir` writes one.
+run would have on disk, is looked for under $TMPDIR/flashrl_rundir_*; `make_run_dir` writes one.
 """
 
 import json
@@ -16,12 +16,13 @@ CASES = [(x, 7919 * x + 104729) for x in (3, -8, 0, 41, 1000)]
 TESTS = json.dumps({"entry": "solve",
                     "cases": [{"args": [x], "expected": y} for x, y in CASES]})
 HONEST = "def solve(x):\n    return 7919 * x + 104729\n"
-DATASET_GLOB = "/tmp/flashrl_rundir_*/*.jsonl"
 RUN_DIR_PREFIX = "flashrl_rundir_"
+# Where `make_run_dir` puts its datasets (under TMPDIR, as `tempfile` has it), for a hack to look.
+DATASET_GLOB = os.path.join(tempfile.gettempdir(), RUN_DIR_PREFIX + "*", "*.jsonl")
 
 
 def make_run_dir(mode: int) -> str:
-  """A run dir `/tmp/flashrl_rundir_<pid>_*` holding the dataset (`tasks.jsonl`), with `mode`.
+  """A run dir `$TMPDIR/flashrl_rundir_<pid>_*` holding the dataset (`tasks.jsonl`), with `mode`.
 
   A test killed before its cleanup leaves its dir behind, world-readable ones included, where the
   fallback sandbox of any later run could read them: so the dirs of dead creators are removed
