@@ -5,14 +5,18 @@ predicts (`experiments.benchmarks.sim_vs_measured`) are timed on a shared 2-core
 apart, so both record the CPU contention their processes met (`cpu_times`, `contention`, per side:
 `processes` tells a run's learner process from its servers) and a load probe around them (`probe`,
 `probe_pair`); a calibrated cost is rescaled to a run's contention by their ratio.
+`async_vs_sync` prices each run's timed steps in CPU time per role (`CpuSampler`, `cpu_profile`):
+how much of the machine a mode kept busy, and how much CPU work a sample cost it, are the two
+factors of any speedup on the same cores.
 """
 
 from __future__ import annotations
 
 import os
 import statistics
+import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -98,3 +102,141 @@ def probe_pair(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
           "probe_per_core": {str(c): (before["per_core"][c] + after["per_core"][c]) / 2
                              for c in cores},
           "loadavg": [before["loadavg"], after["loadavg"]]}
+
+
+# --- where a run's CPU went, by role (async_vs_sync) ----------------------------------------------
+
+ROLES = ("controller", "learner", "servers", "other")
+_ROLE_MARKS = (("learner", LEARNER_MARK), ("servers", "flashrl_jax.rollout.server"),
+               ("controller", "experiments.train"))
+
+
+def role_of(cmdline: list[str]) -> str:
+  """A run's process by its command line: its learner process, a rollout server, the run's own
+  process (the controller, and the trainer where the learner has no process of its own), or other
+  (a sandbox, a router)."""
+  for role, mark in _ROLE_MARKS:
+    if any(mark in part for part in cmdline):
+      return role
+  return "other"
+
+
+class CpuSnapshot(NamedTuple):
+  seconds: float  # time.monotonic()
+  steps: int  # step records the run had written
+  cpu_s: dict[int, tuple[str, float]]  # pid -> (role, seconds on a CPU so far)
+
+
+class CpuSampler:
+  """Reads the CPU time of every process this one started (recursively: a run, its learner, its
+  servers) as the run writes its step records, so a window of its steps can be priced in CPU
+  seconds per role (`cpu_profile`).
+
+  A reading follows a new record within `poll_s` (a step of the long-tail benchmark is ~60 ms),
+  at most one per `period_s`: read on a timer instead, a window's last reading could land in the
+  last step's held-out evaluation, which the run's throughput leaves out. Each reading is one
+  `/proc/<pid>/stat` per process (~3 ms in all for a run's processes)."""
+
+  def __init__(self, workdir: str, period_s: float = 0.25, poll_s: float = 0.02):
+    self.metrics, self.snapshots = os.path.join(workdir, "metrics.jsonl"), []
+    self._steps, self._offset = 0, 0
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._loop, args=(period_s, poll_s), daemon=True)
+
+  def _count_records(self) -> int | None:
+    """Records written so far (None before the file exists), reading only what is new."""
+    try:
+      with open(self.metrics, "rb") as f:
+        f.seek(self._offset)
+        new = f.read()
+    except OSError:
+      return None
+    self._offset += len(new)
+    self._steps += new.count(b"\n")
+    return self._steps
+
+  def snapshot(self) -> CpuSnapshot | None:
+    import psutil
+    steps = self._count_records()
+    if steps is None:  # the run has not written a step yet
+      return None
+    cpu_s = {}
+    for child in psutil.Process().children(recursive=True):
+      try:
+        role = role_of(child.cmdline())
+        times = child.cpu_times()
+      except psutil.Error:  # gone: it counts nothing either way
+        continue
+      cpu_s[child.pid] = (role, times.user + times.system)
+    return CpuSnapshot(time.monotonic(), steps, cpu_s)
+
+  def _loop(self, period_s: float, poll_s: float) -> None:
+    last = -period_s
+    while not self._stop.wait(poll_s):
+      if time.monotonic() - last < period_s:
+        continue
+      seen = self._steps
+      try:
+        grown = os.path.getsize(self.metrics) != self._offset
+      except OSError:
+        continue
+      if grown:
+        snapshot = self.snapshot()
+        if snapshot is not None and snapshot.steps != seen:
+          self.snapshots.append(snapshot)
+          last = snapshot.seconds
+
+  def __enter__(self) -> "CpuSampler":
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._stop.set()
+    self._thread.join()
+
+
+def cpu_profile(snapshots: list[CpuSnapshot], warmup: int, steps: int,
+                cores: int) -> dict | None:
+  """Where the CPU went between the first snapshot after step `warmup` and the last one before the
+  run's last two steps (a pure function of `CpuSampler`'s snapshots): the last step is followed by
+  the run's held-out evaluation, outside its timed steps.
+
+  cores_busy: the run's CPU seconds / (wall seconds × `cores`), the fraction of the machine's
+  cores it kept busy (a schedule of the same CPU work on the same cores is at most 1 / cores_busy
+  times faster); ms_per_step: CPU milliseconds a step per role. A process that ended inside the
+  window loses its CPU time: `complete` says whether none did. None without two snapshots in the
+  window or a step between them."""
+  window = [s for s in snapshots if warmup <= s.steps <= steps - 2]
+  if len(window) < 2 or window[-1].steps == window[0].steps:
+    return None
+  first, last = window[0], window[-1]
+  per_role = dict.fromkeys(ROLES, 0.0)
+  for pid, (role, seconds) in last.cpu_s.items():
+    before = first.cpu_s.get(pid)
+    per_role[role] += seconds - (before[1] if before is not None else 0.0)  # new: all of it
+  wall, n = last.seconds - first.seconds, last.steps - first.steps
+  return {"cores_busy": sum(per_role.values()) / (wall * cores),
+          "ms_per_step": {role: 1000 * s / n for role, s in per_role.items()},
+          "steps": n, "complete": set(first.cpu_s) <= set(last.cpu_s)}
+
+
+def cpu_ms_per_sample(info: dict) -> float:
+  """A run's CPU milliseconds per trained sample over its timed steps, from its `cpu_profile`
+  (`info["cpu"]`) and its step time and throughput (nan without CPU readings)."""
+  c = info.get("cpu")
+  if not c:
+    return float("nan")
+  return sum(c["ms_per_step"].values()) / (info["samples_per_s"] * info["step_s"])
+
+
+def speedup_factors(pairs: list[tuple[dict, dict]]) -> tuple[float, float]:
+  """Medians over (run, its sync baseline) pairs of the run's cores busy / sync's and of sync's CPU
+  per sample / the run's: their product is (to the edges of the readings' windows) the run's
+  samples/s ratio to sync. (nan, nan) without a pair that has CPU readings on both sides."""
+  pairs = [(run, sync) for run, sync in pairs if run.get("cpu") and sync.get("cpu")]
+  if not pairs:
+    return float("nan"), float("nan")
+  return (statistics.median(run["cpu"]["cores_busy"] / sync["cpu"]["cores_busy"]
+                            for run, sync in pairs),
+          statistics.median(cpu_ms_per_sample(sync) / cpu_ms_per_sample(run)
+                            for run, sync in pairs))

@@ -23,6 +23,10 @@ next ones to stay within α), training, export, and the handoff (pause + load + 
 mode it runs behind the next training step, and `hwait` is what the trainer waited for the
 previous one). With `--repeats > 1`, a mode's speedup is the median of its per-repeat ratios to
 the sync run of the same repeat.
+The CPU columns price the timed steps in CPU time of every process of the run (`CpuSampler`), by
+role: a mode's samples/s ratio to sync is the ratio of the cores they kept busy times the inverse
+ratio of their CPU per sample, so a sync run that keeps a fraction f of the cores busy bounds what
+any schedule of its work on the same cores can win at 1 / f.
 
   python -m experiments.benchmarks.async_vs_sync [--repeats=1] [--regimes=longtail,balanced]
       [--async_ratios=1,2,4] [--async_splits=1+1] [--platform=cpu|gpu]
@@ -51,6 +55,7 @@ import time
 from absl import app, flags
 
 from experiments import _children
+from experiments._cpu_time import CpuSampler, cpu_ms_per_sample, cpu_profile, speedup_factors
 from experiments._server_profile import ServerSampler, server_profile
 from experiments._summary import timed_seconds
 
@@ -167,13 +172,14 @@ def run_one(out: str, regime: str, mode: str, repeat: int, flags_: list[str]) ->
   if _PLATFORM.value == "gpu":  # the server and the trainer processes share the GPU's memory
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
   start = time.time()
-  with _LoadSampler() as load, ServerSampler(workdir) as servers:
+  with _LoadSampler() as load, ServerSampler(workdir) as servers, CpuSampler(workdir) as cpu:
     proc = _children.run(cmd, env=env)
   if proc.returncode != 0:
     raise RuntimeError(f"{name} failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     info = summarize([json.loads(line) for line in f if line.strip()], warmup)
   info["servers"] = server_profile(servers.snapshots, warmup, steps)
+  info["cpu"] = cpu_profile(cpu.snapshots, warmup, steps, len(os.sched_getaffinity(0)))
   print(f"  {name}: {time.time() - start:.0f}s, {info['samples_per_s']:.1f} samples/s, "
         f"load {load.mean:.1f}", flush=True)
   return RunResult(regime, mode, repeat, info["samples_per_s"], info["tokens_per_s"], load.mean,
@@ -235,17 +241,43 @@ def print_tables(results: list[RunResult]) -> None:
     print(f"  {r.regime:<9} {r.mode:<16} {r.repeat:>3}  {s['servers']} servers  "
           f"iteration {s['iteration_ms']:.2f} ms at {s['live']:.1f} live  "
           f"busy {s['busy']:.2f} (prefill {s['prefill_share']:.2f} of it)")
+  print("\nCPU over the timed steps (every process of the run; cores busy = CPU seconds / (wall "
+        "seconds x cores)):")
+  for r in results:
+    c = r.info.get("cpu")
+    if c is None:
+      print(f"  {r.regime:<9} {r.mode:<16} {r.repeat:>3}  (too few CPU readings)")
+      continue
+    ms = c["ms_per_step"]
+    print(f"  {r.regime:<9} {r.mode:<16} {r.repeat:>3}  cores busy {c['cores_busy']:.2f}  "
+          f"CPU ms a step: controller {ms['controller']:.1f}, learner {ms['learner']:.1f}, "
+          f"servers {ms['servers']:.1f}, other {ms['other']:.1f}; "
+          f"{cpu_ms_per_sample(r.info):.2f} ms a sample"
+          + ("" if c["complete"] else "  (a process ended inside the window: undercounted)"))
   print("\nsync runs (regime numbers):")
   for r in results:
     if r.mode == "sync":
+      busy = (r.info.get("cpu") or {}).get("cores_busy")
+      bound = (f"; cores busy {busy:.2f}: its CPU work on these cores, however scheduled, is at "
+               f"most {1 / busy:.2f}x as fast" if busy else "")
       print(f"  {r.regime:<9} repeat {r.repeat}: rollout share {r.info['rollout_share']:.2f}, "
             f"longest / median {r.info['longest_over_median']:.1f}, "
-            f"mean response {r.info['mean_response_length']:.1f} tokens")
-  print("\nspeedup vs sync (median over repeats of per-repeat ratios):")
+            f"mean response {r.info['mean_response_length']:.1f} tokens{bound}")
+  print("\nspeedup vs sync (median over repeats of per-repeat ratios; samples/s = (cores busy "
+        "vs sync) x (sync's CPU a sample / the mode's)):")
   for regime in dict.fromkeys(r.regime for r in results):
     for mode in dict.fromkeys(r.mode for r in results if r.regime == regime and r.mode != "sync"):
+      busy, work = _cpu_factors(results, regime, mode)
       print(f"  {regime:<9} {mode:<16} samples/s {_ratio(results, regime, mode, 'samples_per_s'):.2f}"
-            f"x  response tokens/s {_ratio(results, regime, mode, 'tokens_per_s'):.2f}x")
+            f"x  response tokens/s {_ratio(results, regime, mode, 'tokens_per_s'):.2f}x  "
+            f"(cores busy {busy:.2f}x, CPU a sample {work:.2f}x)")
+
+
+def _cpu_factors(results: list[RunResult], regime: str, mode: str) -> tuple[float, float]:
+  """`speedup_factors` of the mode's runs against the sync run of the same repeat."""
+  by_repeat = {r.repeat: r for r in results if r.regime == regime and r.mode == "sync"}
+  return speedup_factors([(r.info, by_repeat[r.repeat].info) for r in results
+                          if r.regime == regime and r.mode == mode and r.repeat in by_repeat])
 
 
 def main(argv):

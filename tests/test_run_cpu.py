@@ -1,0 +1,106 @@
+"""The async benchmark's CPU accounting of a run: the pure window arithmetic (`cpu_profile`), the
+roles read off command lines, and the sampler against real child processes burning CPU."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from experiments._cpu_time import (CpuSampler, CpuSnapshot, cpu_ms_per_sample, cpu_profile,
+                                   role_of, speedup_factors)
+
+
+def test_roles_from_command_lines():
+  assert role_of([sys.executable, "-m", "experiments.train", "--mode=async"]) == "controller"
+  assert role_of([sys.executable, "-m", "flashrl_jax.rollout.server", "--port=0"]) == "servers"
+  assert role_of([sys.executable, "-c",
+                  "from flashrl_jax.controller._learner_process import main; main()", "7"]) \
+      == "learner"
+  assert role_of(["/usr/bin/bwrap", "--die-with-parent", "python3"]) == "other"
+
+
+def test_profile_of_the_window_per_role():
+  snapshots = [
+      CpuSnapshot(0.0, 4, {10: ("controller", 5.0)}),  # warm-up: outside the window
+      CpuSnapshot(1.0, 10, {10: ("controller", 6.0), 11: ("learner", 20.0),
+                            12: ("servers", 30.0)}),
+      CpuSnapshot(3.0, 30, {10: ("controller", 6.4), 11: ("learner", 21.0),
+                            12: ("servers", 31.5), 13: ("servers", 0.5)}),  # 13 started after
+      CpuSnapshot(4.0, 39, {10: ("controller", 8.0)}),  # before the last step: outside
+      CpuSnapshot(5.0, 40, {10: ("controller", 9.0)}),  # after it (and its evaluation): outside
+  ]
+  profile = cpu_profile(snapshots, warmup=5, steps=40, cores=2)
+  # 0.4 + 1.0 + (1.5 + 0.5) = 3.4 CPU seconds over 2 wall seconds on 2 cores, 20 steps.
+  assert profile["cores_busy"] == pytest.approx(3.4 / 4)
+  assert profile["ms_per_step"] == pytest.approx(
+      {"controller": 20.0, "learner": 50.0, "servers": 100.0, "other": 0.0})
+  assert profile["steps"] == 20 and profile["complete"]
+
+
+def test_a_process_gone_inside_the_window_is_flagged_and_no_window_is_none():
+  gone = [CpuSnapshot(0.0, 10, {10: ("controller", 1.0), 12: ("servers", 4.0)}),
+          CpuSnapshot(1.0, 20, {10: ("controller", 1.5)})]
+  profile = cpu_profile(gone, warmup=5, steps=40, cores=1)
+  assert not profile["complete"]
+  assert profile["cores_busy"] == pytest.approx(0.5)  # the server's second is lost, not negative
+  assert cpu_profile([], warmup=5, steps=40, cores=2) is None
+  assert cpu_profile(gone[:1], warmup=5, steps=40, cores=2) is None
+  same_step = [CpuSnapshot(0.0, 10, {}), CpuSnapshot(1.0, 10, {})]
+  assert cpu_profile(same_step, warmup=5, steps=40, cores=2) is None
+
+
+def test_sampler_prices_real_busy_children(tmp_path):
+  """Two children named as a run's server and learner: one burns CPU, one sleeps."""
+  ready = "import time\nprint('ready', flush=True)\n"
+  burn = "end = time.process_time() + 30\nwhile time.process_time() < end: pass"
+  metrics = tmp_path / "metrics.jsonl"
+  children = [subprocess.Popen([sys.executable, "-c", f"# {mark}\n{ready}{body}"],
+                               stdout=subprocess.PIPE, text=True)
+              for mark, body in (("flashrl_jax.rollout.server", burn),
+                                 ("flashrl_jax.controller._learner_process", "time.sleep(30)"))]
+  try:
+    for child in children:  # started: the interpreter's start-up is outside the window
+      assert child.stdout.readline() == "ready\n"
+    with CpuSampler(str(tmp_path), period_s=0.05) as sampler:
+      time.sleep(0.3)  # no metrics yet: no snapshots
+      assert sampler.snapshots == []
+      with open(metrics, "a") as f:  # as a run writes its records: appended, flushed
+        f.write("{}\n" * 2)
+        f.flush()
+        time.sleep(1.0)
+        f.write("{}\n" * 4)
+        f.flush()
+        time.sleep(0.3)
+  finally:
+    for child in children:
+      child.kill()
+      child.communicate()
+  profile = cpu_profile(sampler.snapshots, warmup=2, steps=100, cores=1)
+  roles = {role for s in sampler.snapshots for role, _ in s.cpu_s.values()}
+  assert roles <= {"servers", "learner"} and "servers" in roles
+  ms = profile["ms_per_step"]
+  # The burning child ran for most of the window's ~1.2 s (four steps), the sleeper for ~none.
+  assert ms["servers"] > 150 and ms["learner"] < 20
+  assert 0.4 < profile["cores_busy"] <= 1.05
+
+
+def test_speedup_factors_multiply_to_the_throughput_ratio():
+  """A consistent pair of runs on 2 cores, 32 samples a step: sync 0.1-s steps keeping 0.8 of the
+  cores busy (160 CPU ms a step), async 0.05-s steps at 0.9 (90 ms): 2x the samples/s, of which
+  0.9/0.8 from busier cores and 160/90 from cheaper samples."""
+
+  def info(step_s, busy, cpu_ms):
+    return {"step_s": step_s, "samples_per_s": 32 / step_s,
+            "cpu": {"cores_busy": busy, "ms_per_step": {"controller": cpu_ms / 4,
+                                                        "learner": cpu_ms / 4,
+                                                        "servers": cpu_ms / 2, "other": 0.0}}}
+
+  sync, run = info(0.1, 0.8, 160.0), info(0.05, 0.9, 90.0)
+  assert cpu_ms_per_sample(sync) == pytest.approx(5.0)
+  busy, work = speedup_factors([(run, sync)])
+  assert busy == pytest.approx(0.9 / 0.8) and work == pytest.approx(160 / 90)
+  assert busy * work == pytest.approx(run["samples_per_s"] / sync["samples_per_s"])
+  run["cpu"] = None  # no readings: no factors, not a crash
+  assert all(f != f for f in speedup_factors([(run, sync)]))
+  assert cpu_ms_per_sample(run) != cpu_ms_per_sample(run)
