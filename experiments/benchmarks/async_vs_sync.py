@@ -268,8 +268,9 @@ def print_tables(results: list[RunResult]) -> None:
   for regime in dict.fromkeys(r.regime for r in results):
     for mode in dict.fromkeys(r.mode for r in results if r.regime == regime and r.mode != "sync"):
       busy, work = _cpu_factors(results, regime, mode)
-      print(f"  {regime:<9} {mode:<16} samples/s {_ratio(results, regime, mode, 'samples_per_s'):.2f}"
-            f"x  response tokens/s {_ratio(results, regime, mode, 'tokens_per_s'):.2f}x  "
+      samples, tokens = (_ratio(results, regime, mode, attr)
+                         for attr in ("samples_per_s", "tokens_per_s"))
+      print(f"  {regime:<9} {mode:<16} samples/s {samples:.2f}x  response tokens/s {tokens:.2f}x  "
             f"(cores busy {busy:.2f}x, CPU a sample {work:.2f}x)")
 
 
