@@ -147,6 +147,8 @@ class CpuSampler:
     """Records written so far (None before the file exists), reading only what is new."""
     try:
       with open(self.metrics, "rb") as f:
+        if os.fstat(f.fileno()).st_size < self._offset:  # rewritten (a resume truncates it)
+          self._offset = self._steps = 0
         f.seek(self._offset)
         new = f.read()
     except OSError:
