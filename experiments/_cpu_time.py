@@ -128,17 +128,17 @@ class CpuSnapshot(NamedTuple):
 
 
 class CpuSampler:
-  """Reads the CPU time of every process this one started (recursively: a run, its learner, its
-  servers) as the run writes its step records, so a window of its steps can be priced in CPU
-  seconds per role (`cpu_profile`).
+  """Reads the CPU time of a run's process `root` and every process it started (recursively: its
+  learner, its servers) as the run writes its step records, so a window of its steps can be priced
+  in CPU seconds per role (`cpu_profile`).
 
   A reading follows a new record within `poll_s` (a step of the long-tail benchmark is ~60 ms),
   at most one per `period_s`: read on a timer instead, a window's last reading could land in the
   last step's held-out evaluation, which the run's throughput leaves out. Each reading is one
   `/proc/<pid>/stat` per process (~3 ms in all for a run's processes)."""
 
-  def __init__(self, workdir: str, period_s: float = 0.25, poll_s: float = 0.02):
-    self.metrics, self.snapshots = os.path.join(workdir, "metrics.jsonl"), []
+  def __init__(self, workdir: str, root: int, period_s: float = 0.25, poll_s: float = 0.02):
+    self.metrics, self.root, self.snapshots = os.path.join(workdir, "metrics.jsonl"), root, []
     self._steps, self._offset = 0, 0
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._loop, args=(period_s, poll_s), daemon=True)
@@ -163,13 +163,18 @@ class CpuSampler:
     if steps is None:  # the run has not written a step yet
       return None
     cpu_s = {}
-    for child in psutil.Process().children(recursive=True):
+    try:
+      root = psutil.Process(self.root)
+      processes = [root, *root.children(recursive=True)]
+    except psutil.Error:  # the run has ended
+      return CpuSnapshot(time.monotonic(), steps, cpu_s)
+    for process in processes:
       try:
-        role = role_of(child.cmdline())
-        times = child.cpu_times()
+        role = role_of(process.cmdline())
+        times = process.cpu_times()
       except psutil.Error:  # gone: it counts nothing either way
         continue
-      cpu_s[child.pid] = (role, times.user + times.system)
+      cpu_s[process.pid] = (role, times.user + times.system)
     return CpuSnapshot(time.monotonic(), steps, cpu_s)
 
   def _loop(self, period_s: float, poll_s: float) -> None:

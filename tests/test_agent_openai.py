@@ -70,10 +70,25 @@ def test_agent_code_turns_are_recorded_and_assembled(model, tmp_path):
           rescored = await asyncio.to_thread(rescore, servers.urls[0], group.prompt_ids,
                                              first.output_ids)
 
-          async def publish_mid_episode():  # a weight handoff while agent code is mid-episode
-            while not proxy._episodes:
+          # A weight handoff while agent code is mid-episode: after its first turn, before its
+          # second (held until the handoff is done, so neither can finish first under load).
+          handed_off, turns_started = asyncio.Event(), 0
+          generate = fleet.generate
+
+          async def gated_generate(*args, **kwargs):
+            nonlocal turns_started
+            turns_started += 1
+            if turns_started == 2:
+              await handed_off.wait()
+            return await generate(*args, **kwargs)
+
+          fleet.generate = gated_generate
+
+          async def publish_mid_episode():
+            while not any(r.turns for r in proxy._episodes.values()):
               await asyncio.sleep(0.001)
             await fleet.publish(model + "_v1", 1)
+            handed_off.set()
 
           second, _ = await asyncio.gather(episodes[1].play(), publish_mid_episode())
           return first, second, group, rescored

@@ -1,6 +1,8 @@
 """The async benchmark's CPU accounting of a run: the pure window arithmetic (`cpu_profile`), the
 roles read off command lines, and the sampler against real child processes burning CPU."""
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -57,19 +59,34 @@ def _wait_for(condition, timeout_s: float = 30.0) -> None:
     time.sleep(0.01)
 
 
-def test_sampler_prices_real_busy_children(tmp_path):
-  """Two children named as a run's server and learner: one burns CPU, one sleeps."""
-  ready = "import time\nprint('ready', flush=True)\n"
-  burn = "end = time.process_time() + 30\nwhile time.process_time() < end: pass"
+_RUN = """# experiments.train (a stand-in run: its command line names the run's module)
+import subprocess, sys, time
+children = [subprocess.Popen([sys.executable, "-c", f"# {mark}\\nimport time\\n"
+                                                  f"print('ready', flush=True)\\n{body}"],
+                             stdout=subprocess.PIPE, text=True)
+            for mark, body in (  # (the marks split: this command line must name neither)
+                ("flashrl_jax.rollout." + "server",  # burns CPU
+                 "end = time.process_time() + 60\\nwhile time.process_time() < end: pass"),
+                ("flashrl_jax.controller." + "_learner_process", "time.sleep(60)"))]
+for child in children:
+  child.stdout.readline()
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_sampler_prices_a_real_process_tree(tmp_path):
+  """A run process whose children are named as its server (burning CPU) and its learner
+  (sleeping); a busy process outside the run's tree (this test's own child) is not counted."""
   metrics = tmp_path / "metrics.jsonl"
-  children = [subprocess.Popen([sys.executable, "-c", f"# {mark}\n{ready}{body}"],
-                               stdout=subprocess.PIPE, text=True)
-              for mark, body in (("flashrl_jax.rollout.server", burn),
-                                 ("flashrl_jax.controller._learner_process", "time.sleep(30)"))]
+  outsider = subprocess.Popen([sys.executable, "-c", "# flashrl_jax.rollout.server\n"
+                               "end = __import__('time').process_time() + 60\n"
+                               "while __import__('time').process_time() < end: pass"])
+  run = subprocess.Popen([sys.executable, "-c", _RUN], stdout=subprocess.PIPE, text=True,
+                         start_new_session=True)
   try:
-    for child in children:  # started: the interpreter's start-up is outside the window
-      assert child.stdout.readline() == "ready\n"
-    with CpuSampler(str(tmp_path), period_s=0.05) as sampler:
+    assert run.stdout.readline() == "ready\n"  # start-ups done: outside the window
+    with CpuSampler(str(tmp_path), run.pid, period_s=0.05) as sampler:
       time.sleep(0.3)  # no metrics yet: no snapshots
       assert sampler.snapshots == []
       with open(metrics, "a") as f:  # as a run writes its records: appended, flushed
@@ -79,19 +96,21 @@ def test_sampler_prices_real_busy_children(tmp_path):
           _wait_for(lambda: sampler.snapshots and sampler.snapshots[-1].steps == f.tell() // 3)
           time.sleep(1.0 if records == 2 else 0.0)
   finally:
-    for child in children:
-      child.kill()
-      child.communicate()
+    os.killpg(run.pid, signal.SIGKILL)
+    run.communicate()
+    outsider.kill()
+    outsider.wait()
   assert [s.steps for s in sampler.snapshots] == [2, 6]  # one reading per new record batch
   metrics.write_text("{}\n")  # rewritten shorter: counted again from its start
   assert sampler.snapshot().steps == 1
-  profile = cpu_profile(sampler.snapshots[:2], warmup=2, steps=100, cores=1)
-  roles = {role for s in sampler.snapshots for role, _ in s.cpu_s.values()}
-  assert roles <= {"servers", "learner"} and "servers" in roles
+  profile = cpu_profile(sampler.snapshots, warmup=2, steps=100, cores=2)
+  assert {role for s in sampler.snapshots for role, _ in s.cpu_s.values()} == {
+      "controller", "servers", "learner"}
   ms = profile["ms_per_step"]
-  # The burning child ran for most of the window's ~1 s (four steps), the sleeper for ~none.
-  assert ms["servers"] > 100 and ms["learner"] < 20
-  assert 0.3 < profile["cores_busy"] <= 1.05
+  # The burning server ran for most of the window's ~1 s (four steps); the run and the learner
+  # slept; the outsider burned as much but is not the run's.
+  assert ms["servers"] > 100 and ms["learner"] < 20 and ms["controller"] < 20
+  assert 0.15 < profile["cores_busy"] <= 0.55
 
 
 def test_speedup_factors_multiply_to_the_throughput_ratio():

@@ -47,6 +47,7 @@ import importlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -172,10 +173,13 @@ def run_one(out: str, regime: str, mode: str, repeat: int, flags_: list[str]) ->
   if _PLATFORM.value == "gpu":  # the server and the trainer processes share the GPU's memory
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
   start = time.time()
-  with _LoadSampler() as load, ServerSampler(workdir) as servers, CpuSampler(workdir) as cpu:
-    proc = _children.run(cmd, env=env)
+  with (_LoadSampler() as load, ServerSampler(workdir) as servers,
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env) as popen,
+        _children.stopped_on_exit(popen) as proc, CpuSampler(workdir, proc.pid) as cpu):
+    _, stderr = proc.communicate()
   if proc.returncode != 0:
-    raise RuntimeError(f"{name} failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
+    raise RuntimeError(f"{name} failed ({' '.join(cmd)}):\n{stderr[-3000:]}")
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     info = summarize([json.loads(line) for line in f if line.strip()], warmup)
   info["servers"] = server_profile(servers.snapshots, warmup, steps)
