@@ -217,6 +217,10 @@ def _ratio(results: list[RunResult], regime: str, mode: str, attr: str) -> float
   return statistics.median(ratios) if ratios else float("nan")
 
 
+def _label(r: RunResult) -> str:
+  return f"{r.regime:<9} {r.mode:<16} {r.repeat:>3}"
+
+
 def print_tables(results: list[RunResult]) -> None:
   print(f"\n{'regime':<9} {'mode':<16} {'rep':>3} {'load':>5} {'samples/s':>9} {'x sync':>6} "
         f"{'tok/s':>7} {'x sync':>6} {'len':>5} {'step s':>6} {'wait':>6} {'due':>6} "
@@ -240,9 +244,9 @@ def print_tables(results: list[RunResult]) -> None:
   for r in results:
     s = r.info.get("servers")
     if s is None:
-      print(f"  {r.regime:<9} {r.mode:<16} {r.repeat:>3}  (no complete server snapshots)")
+      print(f"  {_label(r)}  (no complete server snapshots)")
       continue
-    print(f"  {r.regime:<9} {r.mode:<16} {r.repeat:>3}  {s['servers']} servers  "
+    print(f"  {_label(r)}  {s['servers']} servers  "
           f"iteration {s['iteration_ms']:.2f} ms at {s['live']:.1f} live  "
           f"busy {s['busy']:.2f} (prefill {s['prefill_share']:.2f} of it)")
   print("\nCPU over the timed steps (every process of the run; cores busy = CPU seconds / (wall "
@@ -250,10 +254,10 @@ def print_tables(results: list[RunResult]) -> None:
   for r in results:
     c = r.info.get("cpu")
     if c is None:
-      print(f"  {r.regime:<9} {r.mode:<16} {r.repeat:>3}  (too few CPU readings)")
+      print(f"  {_label(r)}  (too few CPU readings)")
       continue
     ms = c["ms_per_step"]
-    print(f"  {r.regime:<9} {r.mode:<16} {r.repeat:>3}  cores busy {c['cores_busy']:.2f}  "
+    print(f"  {_label(r)}  cores busy {c['cores_busy']:.2f}  "
           f"CPU ms a step: controller {ms['controller']:.1f}, learner {ms['learner']:.1f}, "
           f"servers {ms['servers']:.1f}, other {ms['other']:.1f}; "
           f"{cpu_ms_per_sample(r.info):.2f} ms a sample"
