@@ -265,7 +265,8 @@ def print_tables(results: list[RunResult]) -> None:
   print("\nsync runs (regime numbers):")
   for r in results:
     if r.mode == "sync":
-      busy = (r.info.get("cpu") or {}).get("cores_busy")
+      # On a GPU the work that bounds a step is the accelerator's, not the host cores'.
+      busy = (r.info.get("cpu") or {}).get("cores_busy") if _PLATFORM.value == "cpu" else None
       bound = (f"; cores busy {busy:.2f}: its CPU work on these cores, however scheduled, is at "
                f"most {1 / busy:.2f}x as fast" if busy else "")
       print(f"  {r.regime:<9} repeat {r.repeat}: rollout share {r.info['rollout_share']:.2f}, "
