@@ -236,14 +236,23 @@ def cpu_ms_per_sample(info: dict) -> float:
   return sum(c["ms_per_step"].values()) / (info["samples_per_s"] * info["step_s"])
 
 
-def speedup_factors(pairs: list[tuple[dict, dict]]) -> tuple[float, float]:
-  """Medians over (run, its sync baseline) pairs of the run's cores busy / sync's and of sync's CPU
-  per sample / the run's: their product is (to the edges of the readings' windows) the run's
-  samples/s ratio to sync. (nan, nan) without a pair that has CPU readings on both sides."""
+def cpu_us_per_token(info: dict) -> float:
+  """A run's CPU microseconds per trained response token over its timed steps: its CPU per sample
+  without the policy's answer lengths, which drift between runs."""
+  return 1000 * cpu_ms_per_sample(info) / info["mean_response_length"]
+
+
+def speedup_factors(pairs: list[tuple[dict, dict]]) -> tuple[float, float, float]:
+  """Medians over (run, its sync baseline) pairs of the run's cores busy / sync's, of sync's CPU per
+  sample / the run's and of sync's CPU per response token / the run's: the first times the second
+  is (to the edges of the readings' windows) the run's samples/s ratio to sync, the first times the
+  third its response tokens/s ratio. nans without a pair that has CPU readings on both sides."""
   pairs = [(run, sync) for run, sync in pairs if run.get("cpu") and sync.get("cpu")]
   if not pairs:
-    return float("nan"), float("nan")
+    return float("nan"), float("nan"), float("nan")
   return (statistics.median(run["cpu"]["cores_busy"] / sync["cpu"]["cores_busy"]
                             for run, sync in pairs),
           statistics.median(cpu_ms_per_sample(sync) / cpu_ms_per_sample(run)
+                            for run, sync in pairs),
+          statistics.median(cpu_us_per_token(sync) / cpu_us_per_token(run)
                             for run, sync in pairs))

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from experiments._cpu_time import (CpuSampler, CpuSnapshot, cpu_ms_per_sample, cpu_profile,
-                                   role_of, speedup_factors)
+                                   cpu_us_per_token, role_of, speedup_factors)
 
 
 def test_roles_from_command_lines():
@@ -118,17 +118,22 @@ def test_speedup_factors_multiply_to_the_throughput_ratio():
   cores busy (160 CPU ms a step), async 0.05-s steps at 0.9 (90 ms): 2x the samples/s, of which
   0.9/0.8 from busier cores and 160/90 from cheaper samples."""
 
-  def info(step_s, busy, cpu_ms):
-    return {"step_s": step_s, "samples_per_s": 32 / step_s,
+  def info(step_s, busy, cpu_ms, length):
+    return {"step_s": step_s, "samples_per_s": 32 / step_s, "mean_response_length": length,
             "cpu": {"cores_busy": busy, "ms_per_step": {"controller": cpu_ms / 4,
                                                         "learner": cpu_ms / 4,
                                                         "servers": cpu_ms / 2, "other": 0.0}}}
 
-  sync, run = info(0.1, 0.8, 160.0), info(0.05, 0.9, 90.0)
+  # Sync answers 40 tokens a sample, async 30: async's samples are cheaper partly by being shorter.
+  sync, run = info(0.1, 0.8, 160.0, 40.0), info(0.05, 0.9, 90.0, 30.0)
   assert cpu_ms_per_sample(sync) == pytest.approx(5.0)
-  busy, work = speedup_factors([(run, sync)])
-  assert busy == pytest.approx(0.9 / 0.8) and work == pytest.approx(160 / 90)
-  assert busy * work == pytest.approx(run["samples_per_s"] / sync["samples_per_s"])
+  assert cpu_us_per_token(sync) == pytest.approx(125.0)
+  busy, per_sample, per_token = speedup_factors([(run, sync)])
+  assert busy == pytest.approx(0.9 / 0.8) and per_sample == pytest.approx(160 / 90)
+  assert per_token == pytest.approx((160 / 40) / (90 / 30))
+  assert busy * per_sample == pytest.approx(run["samples_per_s"] / sync["samples_per_s"])
+  tokens_per_s = lambda i: i["samples_per_s"] * i["mean_response_length"]
+  assert busy * per_token == pytest.approx(tokens_per_s(run) / tokens_per_s(sync))
   run["cpu"] = None  # no readings: no factors, not a crash
   assert all(f != f for f in speedup_factors([(run, sync)]))
   assert cpu_ms_per_sample(run) != cpu_ms_per_sample(run)

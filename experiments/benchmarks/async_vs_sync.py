@@ -56,7 +56,8 @@ import time
 from absl import app, flags
 
 from experiments import _children
-from experiments._cpu_time import CpuSampler, cpu_ms_per_sample, cpu_profile, speedup_factors
+from experiments._cpu_time import (CpuSampler, cpu_ms_per_sample, cpu_profile, cpu_us_per_token,
+                                   speedup_factors)
 from experiments._server_profile import ServerSampler, server_profile
 from experiments._summary import timed_seconds
 
@@ -260,7 +261,8 @@ def print_tables(results: list[RunResult]) -> None:
     print(f"  {_label(r)}  cores busy {c['cores_busy']:.2f}  "
           f"CPU ms a step: controller {ms['controller']:.1f}, learner {ms['learner']:.1f}, "
           f"servers {ms['servers']:.1f}, other {ms['other']:.1f}; "
-          f"{cpu_ms_per_sample(r.info):.2f} ms a sample"
+          f"{cpu_ms_per_sample(r.info):.2f} ms a sample, {cpu_us_per_token(r.info):.0f} us a "
+          f"response token"
           + ("" if c["complete"] else "  (a process ended inside the window: undercounted)"))
   print("\nsync runs (regime numbers):")
   for r in results:
@@ -273,17 +275,17 @@ def print_tables(results: list[RunResult]) -> None:
             f"longest / median {r.info['longest_over_median']:.1f}, "
             f"mean response {r.info['mean_response_length']:.1f} tokens{bound}")
   print("\nspeedup vs sync (median over repeats of per-repeat ratios; samples/s = (cores busy "
-        "vs sync) x (sync's CPU a sample / the mode's)):")
+        "vs sync) x (sync's CPU a sample / the mode's); tokens/s the same with CPU a token):")
   for regime in dict.fromkeys(r.regime for r in results):
     for mode in dict.fromkeys(r.mode for r in results if r.regime == regime and r.mode != "sync"):
-      busy, work = _cpu_factors(results, regime, mode)
+      busy, per_sample, per_token = _cpu_factors(results, regime, mode)
       samples, tokens = (_ratio(results, regime, mode, attr)
                          for attr in ("samples_per_s", "tokens_per_s"))
       print(f"  {regime:<9} {mode:<16} samples/s {samples:.2f}x  response tokens/s {tokens:.2f}x  "
-            f"(cores busy {busy:.2f}x, CPU a sample {work:.2f}x)")
+            f"(cores busy {busy:.2f}x, CPU a sample {per_sample:.2f}x, a token {per_token:.2f}x)")
 
 
-def _cpu_factors(results: list[RunResult], regime: str, mode: str) -> tuple[float, float]:
+def _cpu_factors(results: list[RunResult], regime: str, mode: str) -> tuple[float, float, float]:
   """`speedup_factors` of the mode's runs against the sync run of the same repeat."""
   by_repeat = {r.repeat: r for r in results if r.regime == regime and r.mode == "sync"}
   return speedup_factors([(r.info, by_repeat[r.repeat].info) for r in results
