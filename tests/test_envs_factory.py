@@ -42,11 +42,25 @@ def test_invalid_configs_are_rejected():
     envs.SandboxConfig(memory_mb=1)
 
 
-def test_rewards_in_thread_pool_via_factory():
+def test_exact_match_reward_runs_on_the_loop_not_in_an_executor():
+  """Exact match costs less than a thread hop: the factory's reward never touches an executor."""
+
+  class RefusingExecutor(concurrent.futures.ThreadPoolExecutor):
+    def submit(self, *args, **kwargs):
+      raise AssertionError("exact match went to an executor")
+
   fn = envs.make_reward_fn(RewardConfig(kind=RewardKind.EXACT_MATCH))
   sample = envs.generate_synthetic(envs.SyntheticConfig(), num=1, seed=0)[0]
-  result = asyncio.run(fn("", sample.answer, sample))
-  assert result.reward == 1.0
+
+  async def score():
+    asyncio.get_running_loop().set_default_executor(RefusingExecutor())
+    right = await fn("", f"  {sample.answer} \nmore text", sample)
+    wrong = await fn("", sample.answer + "x", sample)
+    return right, wrong
+
+  right, wrong = asyncio.run(score())
+  assert (right.reward, wrong.reward) == (1.0, 0.0)
+  assert right.info == {"format_ok": True, "correct": True}
 
 
 def test_math_reward_in_process_pool_keeps_loop_free():

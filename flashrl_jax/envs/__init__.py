@@ -6,7 +6,8 @@ Tasks (`TaskSource`: training prompt `i` is a pure function of `i`, plus held-ou
 Parquet files in the GSM8K, MATH, DAPO or generic layout), `SyntheticSource` (long-tail lengths),
 `CodeTaskSource` (procedural write-a-function tasks). Single-turn rewards: `ReasoningGymReward`
 (the library's scorers), `MathReward` (math-verify), `ExactMatchReward` (sync; run them through
-`PooledReward`) and `CodeReward` (async, sandboxed, with RollPacker's adaptive timeout). Multi-turn:
+`PooledReward`, or `InlineReward` for ones costing microseconds) and `CodeReward` (async,
+sandboxed, with RollPacker's adaptive timeout). Multi-turn:
 gymnasium's FrozenLake and Taxi, our Sokoban, wrapped by `AsyncEnv` for per-step latency and
 fail-slow/fail-stop injection. Build from configs with `make_env` / `make_async_env` /
 `make_reward_fn`.
@@ -30,7 +31,7 @@ from flashrl_jax.envs._math_equiv import equivalent
 from flashrl_jax.envs._math_extract import AnswerSource, extract_answer
 from flashrl_jax.envs._math_reward import (ExactMatchReward, MathReward, VerifierBackend,
                                            math_verify_available)
-from flashrl_jax.envs._pool import PooledReward, make_process_pool
+from flashrl_jax.envs._pool import InlineReward, PooledReward, make_process_pool
 from flashrl_jax.envs._reasoning_gym import (AnswerFormat, ReasoningGymConfig, ReasoningGymDataset,
                                              ReasoningGymReward, ReasoningGymSource)
 from flashrl_jax.envs._sandbox import (Isolation, IsolationMode, Sandbox, SandboxConfig,
@@ -53,7 +54,7 @@ __all__ = [
     "DatasetLayout", "EnvConfig", "EnvKind", "Environment", "EnvironmentFailure", "EpisodeConfig",
     "ExactMatchReward", "FailureConfig", "FrozenLakeConfig", "FrozenLakeEnv", "Grade", "Isolation",
     "IsolationMode", "LatencyConfig", "LatencyKind", "LengthDistribution", "LengthLaw",
-    "LoadedDataset", "MOVE_WORDS", "MathReward", "Move", "Outcome", "PooledReward",
+    "InlineReward", "LoadedDataset", "MOVE_WORDS", "MathReward", "Move", "Outcome", "PooledReward",
     "ReasoningGymConfig", "ReasoningGymDataset", "ReasoningGymReward", "ReasoningGymSource",
     "RewardConfig", "RewardFn", "RewardKind", "RewardResult", "RowError", "Sample",
     "SampleListSource", "Sandbox", "SandboxConfig", "SandboxResult", "SandboxStatus",

@@ -17,7 +17,7 @@ from flashrl_jax.envs._episode import EpisodeConfig
 from flashrl_jax.envs._gym import FrozenLakeConfig, FrozenLakeEnv, TaxiConfig, TaxiEnv
 from flashrl_jax.envs._latency import AsyncEnv, FailureConfig, LatencyConfig
 from flashrl_jax.envs._math_reward import ExactMatchReward, MathReward, VerifierBackend
-from flashrl_jax.envs._pool import PooledReward
+from flashrl_jax.envs._pool import InlineReward, PooledReward
 from flashrl_jax.envs._reasoning_gym import ReasoningGymConfig, ReasoningGymReward
 from flashrl_jax.envs._sandbox import Sandbox, SandboxConfig
 from flashrl_jax.envs._sokoban import SokobanConfig, SokobanEnv
@@ -85,14 +85,15 @@ class RewardConfig:
 
 def make_reward_fn(config: RewardConfig,
                    executor: concurrent.futures.Executor | None = None) -> AsyncRewardFn:
-  """An awaitable reward. Sync rewards run on `executor` (pass a process pool for CPU-heavy math).
+  """An awaitable reward. Sync rewards run on `executor` (pass a process pool for CPU-heavy math),
+  except exact match, which costs less than the hop to an executor and runs on the caller's loop.
 
   CODE probes the sandbox (`Sandbox.check`): raises `SandboxUnavailable` when it would refuse.
   """
   if config.kind is RewardKind.MATH:
     return PooledReward(MathReward(config.verifier), executor)
   if config.kind is RewardKind.EXACT_MATCH:
-    return PooledReward(ExactMatchReward(), executor)
+    return InlineReward(ExactMatchReward())
   if config.kind is RewardKind.REASONING_GYM:
     return PooledReward(ReasoningGymReward(config.reasoning_gym), executor)
   if config.kind is RewardKind.CODE:

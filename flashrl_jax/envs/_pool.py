@@ -1,10 +1,15 @@
-"""Run synchronous, CPU-heavy rewards off the event loop.
+"""Awaiting synchronous rewards: CPU-heavy ones off the event loop, cheap ones on it.
 
 Math verification (sympy under `math_verify`) can take tens of milliseconds per response and holds
 the GIL; run inline it would stall token streaming and every other coroutine. `PooledReward` hands
 each call to an executor: a process pool for CPU-bound verifiers (true parallelism, no GIL), or a
 thread pool for work that mostly waits. The executor is owned by the caller so one pool can serve
 many rewards and is shut down exactly once.
+
+A reward that costs microseconds (`ExactMatchReward`: a string comparison bounded by the response's
+length) is called on the loop instead (`InlineReward`): a thread hop costs ~50 µs of CPU per call
+on the controller's core (hand-off, wake-up, result posted back; `run_in_executor` against a
+direct call, 32 at a time, this 2-core machine), about eight times the comparison itself.
 
 Workers are started with the `spawn` method: forking a process that already runs JAX's threads can
 deadlock the child. Arguments cross the process boundary as plain strings and frozen dataclasses.
@@ -35,3 +40,13 @@ class PooledReward:
   async def __call__(self, prompt: str, response: str, sample: Sample) -> RewardResult:
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(self.executor, self.fn, prompt, response, sample)
+
+
+@dataclasses.dataclass
+class InlineReward:
+  """Adapts a sync `RewardFn` that costs microseconds to an awaitable one, called on the loop."""
+
+  fn: RewardFn
+
+  async def __call__(self, prompt: str, response: str, sample: Sample) -> RewardResult:
+    return self.fn(prompt, response, sample)
