@@ -7,9 +7,10 @@ thread pool for work that mostly waits. The executor is owned by the caller so o
 many rewards and is shut down exactly once.
 
 A reward that costs microseconds (`ExactMatchReward`: a string comparison bounded by the response's
-length) is called on the loop instead (`InlineReward`): a thread hop costs ~50 µs of CPU per call
-on the controller's core (hand-off, wake-up, result posted back; `run_in_executor` against a
-direct call, 32 at a time, this 2-core machine), about eight times the comparison itself.
+length) is called on the loop instead (`InlineReward`): a thread hop costs 20–50 µs of CPU per
+call (hand-off, wake-up, result posted back; `run_in_executor` against a direct call, 32 at a time,
+this 2-core machine, busy and idle: docs/async_cpu_levers.md has the script), four to eight times
+the comparison itself.
 
 Workers are started with the `spawn` method: forking a process that already runs JAX's threads can
 deadlock the child. Arguments cross the process boundary as plain strings and frozen dataclasses.
